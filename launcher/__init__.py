@@ -1,0 +1,1 @@
+"""One child: spawn, MCP stdio session, supervision, stderr capture, stop. Knows no NATS."""

@@ -1,0 +1,16 @@
+"""Module manifests: the format, loading with clear errors, the registration check."""
+
+from .load import LoadedModule, ManifestError, Problem, find_modules, load_module
+from .model import Artifact, Bundle, Module, Seat
+
+__all__ = [
+    "Artifact",
+    "Bundle",
+    "LoadedModule",
+    "ManifestError",
+    "Module",
+    "Problem",
+    "Seat",
+    "find_modules",
+    "load_module",
+]

@@ -1,0 +1,237 @@
+"""Load a `module.toml` and report every problem with file, field and what would be right."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .model import (
+    ENV_NAME_RE,
+    KINDS,
+    LANGUAGES,
+    NAME_RE,
+    SEAT_NAME_RE,
+    Artifact,
+    Bundle,
+    Module,
+    Seat,
+)
+
+MANIFEST_NAME = "module.toml"
+VERSION_CHARS = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-+_")
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.message}"
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be used; `problems` holds every reason found."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    module: Module
+    path: Path  # the module.toml
+    root: Path  # the module's folder
+
+    def source_dir(self, bundle: Bundle) -> Path:
+        return (self.root / bundle.source).resolve()
+
+
+def manifest_path(path: Path) -> Path:
+    path = Path(path)
+    return path / MANIFEST_NAME if path.is_dir() else path
+
+
+def load_module(path: Path | str) -> LoadedModule:
+    """Read, validate and convert one manifest; raise ManifestError listing every problem."""
+    file = manifest_path(Path(path))
+    shown = str(file)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError([Problem(shown, "-", f"no such file; a module folder holds a {MANIFEST_NAME}")])
+    except OSError as e:
+        raise ManifestError([Problem(shown, "-", f"cannot be read: {e.strerror}")])
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ManifestError([Problem(shown, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")])
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")])
+    problems = _Validator(shown, file.parent.resolve()).module(data)
+    if problems:
+        raise ManifestError(problems)
+    try:
+        module = msgspec.convert(data, Module)
+    except msgspec.ValidationError as e:  # the validator should have caught it; keep the promise anyway
+        raise ManifestError([Problem(shown, "-", str(e))])
+    return LoadedModule(module=module, path=file, root=file.parent.resolve())
+
+
+def find_modules(directory: Path | str) -> list[Path]:
+    """Every module folder directly under `directory` (or `directory` itself), sorted by name."""
+    directory = Path(directory)
+    if (directory / MANIFEST_NAME).is_file():
+        return [directory]
+    return sorted(p for p in directory.iterdir() if (p / MANIFEST_NAME).is_file())
+
+
+class _Validator:
+    """Walks the raw TOML data and collects problems instead of stopping at the first."""
+
+    def __init__(self, file: str, root: Path) -> None:
+        self.file = file
+        self.root = root
+        self.problems: list[Problem] = []
+
+    def add(self, field: str, message: str) -> None:
+        self.problems.append(Problem(self.file, field, message))
+
+    def module(self, data: dict[str, Any]) -> list[Problem]:
+        known = set(Module.__struct_fields__)
+        for key in data:
+            if key not in known:
+                self.add(key, f"unknown field; a module has {', '.join(sorted(known))}")
+        self.name("name", data.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"hello\"")
+        version = data.get("version")
+        if not isinstance(version, str) or not version or not set(version) <= VERSION_CHARS:
+            self.add("version", f"is {_shown(version)}; write a version string such as \"0.1.0\"")
+        bundles = self.table_list(data, "bundle")
+        seen: set[str] = set()
+        for i, b in enumerate(bundles):
+            name = self.bundle(f"bundle[{i}]", b)
+            if name is not None:
+                if name in seen:
+                    self.add(f"bundle[{i}].name", f"\"{name}\" is used twice; bundle names are unique in a module")
+                seen.add(name)
+        seats = self.table_list(data, "seat")
+        seen = set()
+        for i, s in enumerate(seats):
+            self.known_keys(f"seat[{i}]", s, Seat)
+            name = s.get("name")
+            if self.name(f"seat[{i}].name", name, SEAT_NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"memory\""):
+                if name in seen:
+                    self.add(f"seat[{i}].name", f"\"{name}\" is declared twice")
+                seen.add(name)
+            if "stateless" in s and not isinstance(s["stateless"], bool):
+                self.add(f"seat[{i}].stateless", f"is {_shown(s['stateless'])}; write true or false")
+        for i, a in enumerate(self.table_list(data, "artifact")):
+            self.artifact(f"artifact[{i}]", a)
+        if "description" in data and not isinstance(data["description"], str):
+            self.add("description", "must be a string")
+        return self.problems
+
+    def table_list(self, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+        value = data.get(key, [])
+        if not isinstance(value, list):
+            self.add(key, f"must be an array of tables, written [[{key}]]")
+            return []
+        tables = []
+        for i, item in enumerate(value):
+            if isinstance(item, dict):
+                tables.append(item)
+            else:
+                self.add(f"{key}[{i}]", f"must be a table, written [[{key}]]")
+        return tables
+
+    def known_keys(self, where: str, table: dict[str, Any], struct: type[msgspec.Struct]) -> None:
+        known = set(struct.__struct_fields__)
+        for key in table:
+            if key not in known:
+                self.add(f"{where}.{key}", f"unknown field; allowed: {', '.join(sorted(known))}")
+
+    def name(self, field: str, value: Any, pattern: Any, right: str) -> bool:
+        if value is None:
+            self.add(field, f"is missing; write a name matching {right}")
+            return False
+        if not isinstance(value, str) or not pattern.match(value):
+            self.add(field, f"is {_shown(value)}; a name matches {right}")
+            return False
+        return True
+
+    def bundle(self, where: str, b: dict[str, Any]) -> str | None:
+        self.known_keys(where, b, Bundle)
+        ok = self.name(f"{where}.name", b.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"tools\"")
+        kind = b.get("kind")
+        if kind not in KINDS:
+            self.add(f"{where}.kind", f"is {_shown(kind)}; write one of {', '.join(KINDS)}")
+        language = b.get("language")
+        if language not in LANGUAGES:
+            self.add(f"{where}.language", f"is {_shown(language)}; write one of {', '.join(LANGUAGES)}")
+        source = b.get("source")
+        if not isinstance(source, str) or not source:
+            self.add(f"{where}.source", "is missing; write the folder of the bundle's code, relative to module.toml")
+        else:
+            self.inside(f"{where}.source", source)
+        entry = b.get("entry")
+        if entry is None:
+            self.add(f"{where}.entry", "is missing; write the argv to run, e.g. [\"node\", \"dist/main.js\"]")
+        elif not isinstance(entry, list) or not entry or not all(isinstance(x, str) and x for x in entry):
+            self.add(f"{where}.entry", f"is {_shown(entry)}; write a non-empty list of strings")
+        elif entry[0].startswith("/") or ".." in Path(entry[0]).parts:
+            self.add(f"{where}.entry", f"{entry[0]!r} is outside the bundle; name a program inside it or an interpreter")
+        env = b.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            self.add(f"{where}.env", "must be a table of strings, e.g. { LOG_LEVEL = \"info\" }")
+        else:
+            for k in env:
+                if not ENV_NAME_RE.match(k) or k.startswith("MESH_"):
+                    self.add(f"{where}.env.{k}", "is not a usable variable name (letters, digits, _; MESH_ is the runtime's)")
+        pass_env = b.get("pass_env", [])
+        if not isinstance(pass_env, list) or not all(isinstance(x, str) and ENV_NAME_RE.match(x) for x in pass_env):
+            self.add(f"{where}.pass_env", "must be a list of environment variable names")
+        for field, low, high in (("timeout_ms", 1, 24 * 3600 * 1000), ("max_in_flight", 1, 100_000)):
+            if field in b:
+                v = b[field]
+                if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+                    self.add(f"{where}.{field}", f"is {_shown(v)}; write a whole number from {low} to {high}")
+        return b.get("name") if ok else None
+
+    def inside(self, field: str, rel: str) -> bool:
+        path = Path(rel)
+        if path.is_absolute():
+            self.add(field, f"{rel!r} is absolute; write a path relative to module.toml, inside the module")
+            return False
+        resolved = (self.root / path).resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            self.add(field, f"{rel!r} escapes the module folder; write a path inside it")
+            return False
+        return True
+
+    def artifact(self, where: str, a: dict[str, Any]) -> None:
+        self.known_keys(where, a, Artifact)
+        kind = a.get("kind")
+        if kind not in ("image", "package", "binary"):
+            self.add(f"{where}.kind", f"is {_shown(kind)}; write one of image, package, binary")
+        ref, build = a.get("ref", ""), a.get("build")
+        if not isinstance(ref, str):
+            self.add(f"{where}.ref", "must be a string such as \"docker.io/library/postgres:16\"")
+        if build is not None and not isinstance(build, str):
+            self.add(f"{where}.build", "must be a path string")
+        if not ref and build is None:
+            self.add(f"{where}.ref", "is missing; name the third-party artifact, e.g. \"docker.io/library/postgres:16\"")
+        if "base" in a and not isinstance(a["base"], str):
+            self.add(f"{where}.base", "must be an image reference string")
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "missing"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

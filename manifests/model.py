@@ -1,0 +1,67 @@
+"""The `module.toml` format as msgspec structs.
+
+These structs are what the rest of the project sees; `manifests.load` turns a file into them
+and reports every problem it finds first, so nothing downstream meets an invalid manifest.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# Tool names as MCP allows them; a `<seat>.<verb>` name has exactly one dot.
+SEAT_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Kind = Literal["tools", "service", "step"]
+Language = Literal["python", "typescript", "go", "rust", "c"]
+KINDS: tuple[str, ...] = ("tools", "service", "step")
+LANGUAGES: tuple[str, ...] = ("python", "typescript", "go", "rust", "c")
+COMPILED_LANGUAGES: frozenset[str] = frozenset({"go", "rust", "c"})
+
+
+class Bundle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    kind: Kind
+    language: Language
+    source: str
+    entry: list[str]
+    env: dict[str, str] = {}
+    # Names of the node's own environment variables this bundle is given; nothing else passes.
+    pass_env: list[str] = []
+    timeout_ms: int = 30_000
+    # Calls in flight on one child at once; more wait their turn inside their timeout.
+    max_in_flight: int = 256
+
+
+class Seat(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    # A stateless seat may be served by several nodes at once behind the queue group.
+    stateless: bool = False
+
+
+class Artifact(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    kind: Literal["image", "package", "binary"]
+    ref: str = ""
+    # A build context (folder or Dockerfile) for an image; inside the module it is own code.
+    build: str | None = None
+    # The base image a build starts from, when the manifest says so.
+    base: str | None = None
+
+
+class Module(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: str
+    version: str
+    bundle: list[Bundle] = []
+    seat: list[Seat] = []
+    artifact: list[Artifact] = []
+    description: str = ""
+
+    def tools_bundles(self) -> list[Bundle]:
+        return [b for b in self.bundle if b.kind == "tools"]
+
+    def seat_names(self) -> list[str]:
+        return [s.name for s in self.seat]

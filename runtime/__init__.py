@@ -1,0 +1,1 @@
+"""The node: config, the bus side, routes, status, and the `meshctl` CLI."""

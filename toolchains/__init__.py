@@ -1,0 +1,1 @@
+"""One builder per language: compile, pack, name the entrypoint."""
