@@ -1,0 +1,81 @@
+"""A minimal blocking MCP-over-stdio client for tests that drive one child directly.
+
+It speaks exactly what the node's launcher speaks (newline-delimited JSON-RPC 2.0), so a
+bundle that passes here will pass behind the node. Not used by the runtime itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PROTOCOL_VERSION = "2025-11-25"
+
+
+class StdioClient:
+    def __init__(self, argv: list[str], cwd: Path | str | None = None, env: dict[str, str] | None = None) -> None:
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self._next = 0
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._next += 1
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"child closed stdout; stderr: {self.proc.stderr.read().decode(errors='replace')}")
+            reply = json.loads(line)
+            if reply.get("id") == self._next:
+                if "error" in reply:
+                    raise RuntimeError(f"{method} failed: {reply['error']}")
+                return reply["result"]
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+
+    def initialize(self) -> dict[str, Any]:
+        result = self.request(
+            "initialize",
+            {"protocolVersion": PROTOCOL_VERSION, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}},
+        )
+        self.notify("notifications/initialized")
+        return result
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        return self.request("tools/list", {})["tools"]
+
+    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def close(self) -> int:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def __enter__(self) -> "StdioClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
