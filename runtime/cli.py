@@ -1,0 +1,408 @@
+"""`meshctl`: run a node, ask it for status, call tools, check and build modules.
+
+Errors are rendered here, once: one line that says what was wrong and what would be right.
+Exit codes: 0 ok, 1 a check or call failed, 2 bad usage or the bus could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from .bus import BusError, BusInfo, connect, read_bus_info
+from .config import ConfigError, NatsConfig, NodeConfig, default_state_dir, finish, load_config
+from .errors import HEADER_CODE, HEADER_TEXT
+
+log = logging.getLogger("mesh.cli")
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = 2) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+# --- bus options shared by every verb that talks to the bus ------------------------------
+def _bus_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("bus")
+    g.add_argument("--nats", metavar="URL", help="NATS server URL(s), comma-separated; default: the local node's bus")
+    g.add_argument("--state-dir", metavar="DIR", help=f"the local node's state folder (default {default_state_dir()})")
+    g.add_argument("--user", help="NATS user")
+    g.add_argument("--password", help="NATS password (or MESH_NATS_PASSWORD)")
+    g.add_argument("--token", help="NATS token (or MESH_NATS_TOKEN)")
+    g.add_argument("--creds", metavar="FILE", help="NATS credentials file")
+    g.add_argument("--nkey", metavar="FILE", help="NATS nkey seed file")
+    g.add_argument("--tls-ca", metavar="FILE", help="CA certificate for TLS")
+    g.add_argument("--tls-cert", metavar="FILE", help="client certificate for TLS")
+    g.add_argument("--tls-key", metavar="FILE", help="client key for TLS")
+
+
+def _nats_config(args: argparse.Namespace, base: NatsConfig | None = None) -> NatsConfig:
+    cfg = base or NatsConfig()
+    changes: dict[str, Any] = {}
+    for field, value in (
+        ("url", args.nats),
+        ("user", args.user),
+        ("password", args.password or os.environ.get("MESH_NATS_PASSWORD")),
+        ("token", args.token or os.environ.get("MESH_NATS_TOKEN")),
+        ("creds", args.creds),
+        ("nkey_seed", args.nkey),
+        ("tls_ca", args.tls_ca),
+        ("tls_cert", args.tls_cert),
+        ("tls_key", args.tls_key),
+    ):
+        if value:
+            changes[field] = value
+    return msgspec.structs.replace(cfg, **changes)
+
+
+def _local_bus(args: argparse.Namespace) -> BusInfo | None:
+    state = Path(args.state_dir) if args.state_dir else default_state_dir()
+    return read_bus_info(state)
+
+
+def _client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
+    """The bus to talk to, and the local node's name when it was found from its state folder."""
+    cfg = _nats_config(args)
+    if cfg.url:
+        return cfg, None
+    info = _local_bus(args)
+    if info is None:
+        state = args.state_dir or default_state_dir()
+        raise CliError(
+            f"no local node found (no running node's bus.json in {state}); start one with `meshctl node run` "
+            "or name the bus with --nats URL"
+        )
+    return msgspec.structs.replace(cfg, url=info.url), info.node
+
+
+async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Any:
+    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+    try:
+        nc = await connect(cfg, "meshctl", quiet=True)
+    except BusError as e:
+        raise CliError(str(e))
+    try:
+        return await nc.request(subject, body, timeout=timeout)
+    except NoRespondersError:
+        raise CliError(f"nobody on the bus serves {subject}", code=1)
+    except NatsTimeout:
+        raise CliError(f"no answer on {subject} within {timeout:g} s", code=1)
+    finally:
+        await nc.close()
+
+
+# --- node run -------------------------------------------------------------------------
+def cmd_node_run(args: argparse.Namespace) -> int:
+    from .node import Node, load_placements
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        raise CliError(str(e))
+    changes: dict[str, Any] = {}
+    if args.name:
+        changes["name"] = args.name
+    if args.state_dir:
+        changes["state_dir"] = args.state_dir
+    if args.manifests:
+        changes["manifests"] = args.manifests
+    config = msgspec.structs.replace(config, nats=_nats_config(args, config.nats), **changes)
+    if args.embedded_port is not None:
+        config = msgspec.structs.replace(config, nats=msgspec.structs.replace(config.nats, embedded_port=args.embedded_port))
+    config = finish(config)
+    _setup_logging(args.log_level)
+    node = Node(config)
+    placements = []
+    if config.manifests:
+        placements, problems = load_placements(Path(config.manifests))
+        for problem in problems:
+            log.error("module not loaded: %s", problem)
+        node.problems.extend(problems)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            async def signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                    count = 0
+                    async for sig in received:
+                        count += 1
+                        if count == 1:
+                            log.info("got %s: stopping gracefully (again to stop at once)", signal.Signals(sig).name)
+                            node.request_stop()
+                        else:
+                            tg.cancel_scope.cancel()
+
+            async def announce() -> None:
+                await node.wait_ready()
+                print(f"mesh node {config.name} on {node.url}", file=sys.stderr, flush=True)
+
+            tg.start_soon(signals)
+            tg.start_soon(announce)
+            await node.run(placements)
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    except BusError as e:
+        raise CliError(str(e))
+    return 0
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# --- node status / restart ---------------------------------------------------------------
+def _node_name(args: argparse.Namespace, found: str | None) -> str:
+    name = args.name or found
+    if not name:
+        raise CliError("which node? name it with --name NODE (the bus was given with --nats)")
+    return name
+
+
+def cmd_node_status(args: argparse.Namespace) -> int:
+    cfg, found = _client_config(args)
+    name = _node_name(args, found)
+    msg = anyio.run(_request, cfg, f"mesh.node.{name}.status", b"", args.timeout)
+    status = json.loads(msg.data)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"node {status['node']}  bus {status['url']}  pid {status['pid']}  up {status['uptime_s']:.0f} s  "
+          f"calls answered {status['answered']}, in flight {status['in_flight']}")
+    rows = [("BUNDLE", "LANGUAGE", "STATE", "PID", "RESTARTS", "TOOLS", "LAST ERROR")]
+    for b in status["bundles"]:
+        error = b["last_error"] or (b["last_exit"] if b["state"] != "ready" else "") or ""
+        rows.append((f"{b['module']}/{b['bundle']}", b["language"], b["state"], str(b["pid"] or "-"),
+                     str(b["restarts"]), str(len(b["tools"])), error))
+    _table(rows)
+    for s in status["seats"]:
+        print(f"seat {s['seat']}: {s['state']} by {s['module']}" + (f" ({s['reason']})" if s["reason"] else ""))
+    for p in status["problems"]:
+        print(f"problem: {p}")
+    return 0
+
+
+def cmd_node_restart(args: argparse.Namespace) -> int:
+    cfg, found = _client_config(args)
+    name = _node_name(args, found)
+    msg = anyio.run(_request, cfg, f"mesh.node.{name}.restart", json.dumps({"bundle": args.bundle}).encode(), args.timeout)
+    reply = json.loads(msg.data)
+    if not reply.get("ok"):
+        print(f"meshctl: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(f"restarting {reply['bundle']} on node {name} (was {reply['was']})")
+    return 0
+
+
+# --- call and tools -----------------------------------------------------------------------
+def _subject(target: str) -> str:
+    if target.startswith("mesh."):
+        return target
+    if target.startswith(("tool.", "seat.")) and target.count(".") >= 2:
+        return "mesh." + target
+    raise CliError(f"{target!r}: name a tool as tool.<module>.<tool> or a seat verb as seat.<seat>.<verb>")
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    subject = _subject(args.target)
+    body = (args.arguments if args.arguments is not None else "{}").encode()
+    if args.arguments == "-":
+        body = sys.stdin.buffer.read()
+    cfg, _ = _client_config(args)
+    msg = anyio.run(_request, cfg, subject, body, args.timeout)
+    headers = msg.headers or {}
+    if HEADER_CODE in headers:
+        print(f"meshctl: {headers[HEADER_CODE]} {headers.get(HEADER_TEXT, '')}", file=sys.stderr)
+        if args.json:
+            print(msg.data.decode())
+        return 1
+    if args.json:
+        print(msg.data.decode())
+        return 0
+    result = json.loads(msg.data)
+    texts = [c.get("text", "") for c in result.get("content", []) if c.get("type") == "text"]
+    if texts:
+        print("\n".join(texts))
+    if result.get("structuredContent") is not None:
+        print(json.dumps(result["structuredContent"], indent=2))
+    return 1 if result.get("isError") else 0
+
+
+async def _gather(cfg: NatsConfig, subject: str, wait: float) -> list[dict[str, Any]]:
+    try:
+        nc = await connect(cfg, "meshctl", quiet=True)
+    except BusError as e:
+        raise CliError(str(e))
+    replies: list[dict[str, Any]] = []
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await nc.publish(subject, b"", reply=inbox)
+        with anyio.move_on_after(wait):
+            while True:
+                m = await sub.next_msg(timeout=wait)
+                replies.append(json.loads(m.data))
+    except Exception:  # the window closed; what came is the answer
+        pass
+    finally:
+        await nc.close()
+    return replies
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from .service import SERVICE_NAME
+
+    cfg, _ = _client_config(args)
+    infos = anyio.run(_gather, cfg, f"$SRV.INFO.{SERVICE_NAME}", args.wait)
+    rows = [("SUBJECT", "KIND", "MODULE", "BUNDLE", "NODE")]
+    seen: list[tuple[str, ...]] = []
+    for info in infos:
+        node = (info.get("metadata") or {}).get("node", info.get("id", "?"))
+        for e in info.get("endpoints", []):
+            meta = e.get("metadata") or {}
+            seen.append((e["subject"], meta.get("kind", ""), meta.get("module", ""), meta.get("bundle", ""), node))
+    if args.json:
+        print(json.dumps([dict(zip(("subject", "kind", "module", "bundle", "node"), r)) for r in sorted(seen)], indent=2))
+        return 0
+    _table(rows + sorted(seen))
+    print(f"{len(seen)} tools on {len(infos)} nodes")
+    return 0
+
+
+# --- module check, bundle build -----------------------------------------------------------
+def cmd_module_check(args: argparse.Namespace) -> int:
+    from manifests.check import RUNTIME_IMAGES, check_path
+
+    images = RUNTIME_IMAGES + tuple(args.runtime_image or ())
+    failed = 0
+    for path in args.paths:
+        problems = check_path(path, images)
+        for p in problems:
+            print(p)
+        if problems:
+            failed += 1
+        elif not args.quiet:
+            print(f"{path}: ok")
+    return 1 if failed else 0
+
+
+def cmd_bundle_build(args: argparse.Namespace) -> int:
+    from manifests import ManifestError
+    from toolchains.base import BuildFailed, ToolchainMissing
+    from toolchains.build import build_module
+
+    try:
+        from toolchains.artifact import ArtifactError
+        from toolchains.build import BuildError
+    except ImportError:  # pragma: no cover - both ship together
+        ArtifactError = BuildError = RuntimeError  # type: ignore[misc,assignment]
+    out = Path(args.out)
+    try:
+        for module_dir in args.modules:
+            build_module(Path(module_dir), out, progress=lambda line: print(line, flush=True))
+    except ManifestError as e:
+        for p in e.problems:
+            print(p, file=sys.stderr)
+        return 1
+    except (ToolchainMissing, BuildFailed, ArtifactError, BuildError) as e:
+        print(f"meshctl: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- the parser -----------------------------------------------------------------------------
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="meshctl", description="The mesh node tool runtime.")
+    verbs = p.add_subparsers(dest="verb", required=True)
+
+    node = verbs.add_parser("node", help="run a node, ask it for status, restart a bundle")
+    node_verbs = node.add_subparsers(dest="node_verb", required=True)
+    run = node_verbs.add_parser("run", help="run the node (on the embedded bus unless --nats is given)")
+    run.add_argument("--config", metavar="FILE", help="the node's TOML config file")
+    run.add_argument("--manifests", metavar="DIR", help="serve every module folder under DIR, from source")
+    run.add_argument("--name", help="the node's name (default: the host name)")
+    run.add_argument("--embedded-port", type=int, help="port of the embedded NATS server (default 4222, or a free one)")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _bus_options(run)
+    run.set_defaults(func=cmd_node_run)
+
+    status = node_verbs.add_parser("status", help="bundles, states, pids, restarts, tools, last errors")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--name", help="the node (default: the local one)")
+    status.add_argument("--timeout", type=float, default=5.0)
+    _bus_options(status)
+    status.set_defaults(func=cmd_node_status)
+
+    restart = node_verbs.add_parser("restart", help="restart a bundle (and bring back a failed one)")
+    restart.add_argument("bundle", help="module/bundle, or the module when it has one tools bundle")
+    restart.add_argument("--name", help="the node (default: the local one)")
+    restart.add_argument("--timeout", type=float, default=5.0)
+    _bus_options(restart)
+    restart.set_defaults(func=cmd_node_restart)
+
+    call = verbs.add_parser("call", help="call a tool: tool.<module>.<tool> or seat.<seat>.<verb>")
+    call.add_argument("target")
+    call.add_argument("arguments", nargs="?", help="the arguments as a JSON object ('-' reads stdin)")
+    call.add_argument("--json", action="store_true", help="print the CallToolResult as JSON")
+    call.add_argument("--timeout", type=float, default=60.0)
+    _bus_options(call)
+    call.set_defaults(func=cmd_call)
+
+    tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)")
+    tools.add_argument("--json", action="store_true")
+    tools.add_argument("--wait", type=float, default=0.5, help="how long to collect answers, seconds")
+    _bus_options(tools)
+    tools.set_defaults(func=cmd_tools)
+
+    module = verbs.add_parser("module", help="check module manifests")
+    module_verbs = module.add_subparsers(dest="module_verb", required=True)
+    check = module_verbs.add_parser("check", help="the registration check (record 0188)")
+    check.add_argument("paths", nargs="+", metavar="PATH", help="a module folder or its module.toml")
+    check.add_argument("--runtime-image", action="append", help="another repository of the runtime's own image")
+    check.add_argument("--quiet", action="store_true", help="print problems only")
+    check.set_defaults(func=cmd_module_check)
+
+    bundle = verbs.add_parser("bundle", help="build bundles")
+    bundle_verbs = bundle.add_subparsers(dest="bundle_verb", required=True)
+    build = bundle_verbs.add_parser("build", help="build every bundle of a module into artifacts")
+    build.add_argument("modules", nargs="+", metavar="MODULE_DIR")
+    build.add_argument("--out", default="out", help="where the .tar.gz artifacts go (default ./out)")
+    build.set_defaults(func=cmd_bundle_build)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as e:
+        print(f"meshctl: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The node's configuration: a TOML file, overridden by command-line flags.
+
+```toml
+name = "node-a"
+state_dir = "/var/lib/mesh-node"
+manifests = "/srv/modules"         # serve every module folder under it, from source
+child_user = "mesh"                # run children as this user (needs root)
+
+[nats]
+url = "nats://10.0.0.1:4222,nats://10.0.0.2:4222"   # none: start the embedded server
+user = "node"                       # or token, creds, nkey_seed
+password = "..."
+tls_ca = "/etc/mesh/ca.pem"
+
+[restart]
+max_restarts = 5
+window_s = 60
+
+[health]
+ping_interval_s = 5
+```
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+
+import msgspec
+
+from launcher.bundle import HealthPolicy, RestartPolicy
+
+
+class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    url: str | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds: str | None = None  # a .creds file (JWT + nkey seed)
+    nkey_seed: str | None = None  # a file holding an nkey seed
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # The embedded server's port when no url is set; 0 picks a free one.
+    embedded_port: int = 4222
+
+
+class RestartConfig(msgspec.Struct, forbid_unknown_fields=True):
+    max_restarts: int = 5
+    window_s: float = 60.0
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 30.0
+    stable_after_s: float = 10.0
+
+    def policy(self) -> RestartPolicy:
+        return RestartPolicy(**msgspec.structs.asdict(self))
+
+
+class HealthConfig(msgspec.Struct, forbid_unknown_fields=True):
+    init_timeout_s: float = 10.0
+    ping_interval_s: float = 5.0
+    ping_timeout_s: float = 5.0
+    ping_misses: int = 2
+    stop_grace_s: float = 2.0
+
+    def policy(self) -> HealthPolicy:
+        return HealthPolicy(**msgspec.structs.asdict(self))
+
+
+class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
+    name: str = ""
+    state_dir: str = ""
+    manifests: str | None = None
+    child_user: str | None = None
+    child_group: str | None = None
+    queue_group: str = "mesh"
+    # How long a graceful stop waits for calls in flight before it stops the children.
+    drain_timeout_s: float = 30.0
+    nats: NatsConfig = msgspec.field(default_factory=NatsConfig)
+    restart: RestartConfig = msgspec.field(default_factory=RestartConfig)
+    health: HealthConfig = msgspec.field(default_factory=HealthConfig)
+
+
+class ConfigError(Exception):
+    pass
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("MESH_STATE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return Path(xdg) / "mesh-node" if xdg else Path.home() / ".local" / "state" / "mesh-node"
+
+
+def load_config(path: str | Path | None) -> NodeConfig:
+    if path is None:
+        config = NodeConfig()
+    else:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file")
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}")
+        try:
+            config = msgspec.convert(data, NodeConfig)
+        except msgspec.ValidationError as e:
+            raise ConfigError(f"{path}: {e}")
+    return config
+
+
+def finish(config: NodeConfig) -> NodeConfig:
+    """Fill what was left open: the node's name and its state folder."""
+    name = config.name or socket.gethostname().split(".")[0].lower() or "node"
+    state = config.state_dir or str(default_state_dir())
+    return msgspec.structs.replace(config, name=name, state_dir=str(Path(state).absolute()))

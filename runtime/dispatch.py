@@ -1,0 +1,120 @@
+"""One request's way: subject -> route -> bundle -> reply. Errors are rendered here, once.
+
+This is the hot path. It decodes the body only to check it is a JSON object and forwards the
+bytes as they came; the child's result goes back as the raw bytes the child wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
+
+from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
+from .routes import Route, RouteTable
+
+log = logging.getLogger("mesh.dispatch")
+
+_check_object = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_EMPTY = b"{}"
+
+
+class Dispatcher:
+    def __init__(self, nc: Client, table: RouteTable, node: str) -> None:
+        self.nc = nc
+        self.table = table
+        self.node = node
+        self.in_flight = 0
+        self.answered = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    @property
+    def max_payload(self) -> int:
+        return self.nc.max_payload or 1024 * 1024
+
+    async def serve(self, msg: Msg) -> None:
+        """Answer one request; never raises for anything a caller or a child does."""
+        started = time.perf_counter_ns()
+        if self.in_flight == 0:
+            self._idle = anyio.Event()
+        self.in_flight += 1
+        route: Route | None = None
+        error: NodeError | None = None
+        body = b""
+        try:
+            route = self.table.resolve(msg.subject)
+            body = await self._call(route, msg.data)
+        except NodeError as e:
+            error = e
+        except BundleUnavailable as e:
+            error = Unavailable(route.tool if route else msg.subject, route.module if route else "?", e, self.node)
+        except CallTimedOut as e:
+            error = TimedOut(route.tool if route else msg.subject, e)
+        except ChildError as e:
+            error = _child_error(msg.subject, e)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._reply(msg, None, NodeStopping(msg.subject, self.node))
+            raise
+        except Exception as e:  # a bug of ours must cost one call, not the node
+            log.exception("answering %s failed", msg.subject)
+            error = Internal(f"{msg.subject}: internal error of the node: {type(e).__name__}: {e}")
+        try:
+            await self._reply(msg, body, error)
+        finally:
+            if route is not None:
+                route.num_requests += 1
+                route.processing_ns += time.perf_counter_ns() - started
+                if error is not None:
+                    route.num_errors += 1
+                    route.last_error = f"{error.code}:{error}"[:512]
+            self.answered += 1
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def _call(self, route: Route, data: bytes) -> bytes:
+        subject = route.subject
+        if not data:
+            data = _EMPTY
+        else:
+            try:
+                _check_object(data)
+            except msgspec.ValidationError:
+                raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
+            except msgspec.DecodeError as e:
+                raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object")
+        result = await route.bundle.call(route.tool_json, data)
+        if len(result) > self.max_payload:
+            raise TooLarge(subject, f"the result of {route.tool}", len(result), self.max_payload)
+        return bytes(result)
+
+    async def _reply(self, msg: Msg, body: bytes | None, error: NodeError | None) -> None:
+        if not msg.reply:
+            return  # a publish without a reply subject: the call ran, nobody waits for an answer
+        try:
+            if error is None:
+                await self.nc.publish(msg.reply, body or b"")
+            else:
+                data, headers = render(error)
+                await self.nc.publish(msg.reply, data, headers=headers)
+        except Exception as e:  # the bus is gone or the reply is refused: say so, nothing else to do
+            log.warning("could not answer %s: %s", msg.subject, e)
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+
+def _child_error(subject: str, e: ChildError) -> NodeError:
+    if e.code == -32602:
+        return BadRequest(subject, f"the tool refused its arguments: {e.message}")
+    if e.code == -32601:
+        return NoSuchTool(subject, f"the bundle does not know this tool: {e.message}", [])
+    return Internal(f"{subject}: the bundle answered JSON-RPC error {e.code}: {e.message}")

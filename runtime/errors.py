@@ -1,0 +1,128 @@
+"""Errors of the runtime itself (not of a tool), as the bus renders them.
+
+Each is a type with its facts in fields; `render()` turns one into the Service API error
+headers and a JSON body, once, at the edge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from launcher.errors import BundleUnavailable, CallTimedOut
+
+HEADER_CODE = "Nats-Service-Error-Code"
+HEADER_TEXT = "Nats-Service-Error"
+
+
+class NodeError(Exception):
+    code: int = 500
+    kind: str = "internal"
+
+    def facts(self) -> dict[str, Any]:
+        return {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "kind": self.kind, "message": str(self), **self.facts()}}
+
+
+class BadRequest(NodeError):
+    code, kind = 400, "bad_request"
+
+    def __init__(self, subject: str, problem: str, field: str | None = None) -> None:
+        self.subject, self.problem, self.field = subject, problem, field
+        super().__init__(f"{subject}: {problem}")
+
+    def facts(self) -> dict[str, Any]:
+        return {"subject": self.subject, "field": self.field} if self.field else {"subject": self.subject}
+
+
+class NoSuchTool(NodeError):
+    code, kind = 404, "not_found"
+
+    def __init__(self, subject: str, what: str, known: list[str]) -> None:
+        self.subject, self.what, self.known = subject, what, known
+        listing = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
+        super().__init__(f"{what}; served here: {listing or 'none'}")
+
+    def facts(self) -> dict[str, Any]:
+        return {"subject": self.subject, "known": self.known}
+
+
+class TooLarge(NodeError):
+    code, kind = 413, "too_large"
+
+    def __init__(self, subject: str, what: str, size: int, limit: int) -> None:
+        self.subject, self.what, self.size, self.limit = subject, what, size, limit
+        super().__init__(f"{what} is {size} bytes; the bus carries at most {limit} bytes")
+
+    def facts(self) -> dict[str, Any]:
+        return {"subject": self.subject, "size": self.size, "limit": self.limit}
+
+
+class Unavailable(NodeError):
+    code, kind = 503, "bundle_unavailable"
+
+    def __init__(self, tool: str, module: str, cause: BundleUnavailable, node: str) -> None:
+        self.tool, self.module, self.cause, self.node = tool, module, cause, node
+        what = f"tool family {module} ({tool}) is unavailable: bundle {cause.bundle} is {cause.state}"
+        if cause.last_exit:
+            what += f", last exit: {cause.last_exit}"
+        if cause.reason:
+            what += f" ({cause.reason})"
+        super().__init__(what)
+
+    def facts(self) -> dict[str, Any]:
+        c = self.cause
+        return {
+            "tool": self.tool,
+            "module": self.module,
+            "bundle": c.bundle,
+            "state": c.state,
+            "last_exit": c.last_exit,
+            "reason": c.reason,
+            "stderr_tail": c.stderr_tail[-10:],
+            "node": self.node,
+            "ways_out": [
+                f"see `meshctl node status --name {self.node}` and the node's log for bundle {c.bundle}",
+                f"fix the bundle and run `meshctl node restart {c.bundle} --name {self.node}`"
+                if c.state == "failed"
+                else "retry: the node restarts the bundle on its own",
+                "deliver a working version of the module to this node",
+            ],
+        }
+
+
+class TimedOut(NodeError):
+    code, kind = 504, "timed_out"
+
+    def __init__(self, tool: str, cause: CallTimedOut) -> None:
+        self.tool, self.cause = tool, cause
+        super().__init__(
+            f"{tool} did not answer within {cause.timeout_ms} ms; the call was cancelled in bundle {cause.bundle}"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        return {"tool": self.tool, "bundle": self.cause.bundle, "timeout_ms": self.cause.timeout_ms}
+
+
+class Internal(NodeError):
+    code, kind = 500, "internal"
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def render(error: NodeError) -> tuple[bytes, dict[str, str]]:
+    """The reply body and Service API headers for a runtime error."""
+    text = str(error).replace("\r", " ").replace("\n", " ")
+    return _encode(error.body()), {HEADER_CODE: str(error.code), HEADER_TEXT: text[:1024]}
+
+
+class NodeStopping(NodeError):
+    code, kind = 503, "node_stopping"
+
+    def __init__(self, subject: str, node: str) -> None:
+        self.subject, self.node = subject, node
+        super().__init__(f"{subject}: node {node} stopped before the call finished; it was cancelled in the bundle")

@@ -1,0 +1,406 @@
+"""The node: modules in, bundles supervised, subjects served, a clean stop.
+
+The node always starts. A module that cannot be loaded and a bundle that cannot start are
+named in an ERROR line and in status; every other bundle serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from launcher.bundle import Bundle, BundleSpec, BundleStatus
+from launcher.env import child_env, resolve_argv
+from launcher.process import ChildSpec
+from launcher.reaper import Reaper
+from manifests import LoadedModule, ManifestError, find_modules, load_module
+
+from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
+from .config import NodeConfig
+from .dispatch import Dispatcher
+from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, Route, RouteTable
+from .service import SERVICE_NAME, Service
+
+log = logging.getLogger("mesh.node")
+
+
+class SeatStatus(msgspec.Struct):
+    seat: str
+    module: str
+    state: str  # held | refused
+    reason: str = ""
+
+
+class ModuleStatus(msgspec.Struct):
+    name: str
+    version: str
+    source: str
+
+
+class NodeStatus(msgspec.Struct):
+    node: str
+    url: str
+    pid: int
+    uptime_s: float
+    modules: list[ModuleStatus]
+    bundles: list[BundleStatus]
+    seats: list[SeatStatus]
+    problems: list[str]
+    in_flight: int
+    answered: int
+
+
+@dataclass
+class Placement:
+    """Where a module's bundles are on this node and what each was built with."""
+
+    loaded: LoadedModule
+    dirs: dict[str, Path]
+    build_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    seats: list[str] | None = None  # seats to hold; None: every seat the module declares
+
+
+def from_source(loaded: LoadedModule) -> Placement:
+    return Placement(loaded, {b.name: loaded.source_dir(b) for b in loaded.module.bundle})
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.state_dir = Path(config.state_dir)
+        self.table = RouteTable(self.name)
+        self.problems: list[str] = []
+        self.seats: dict[str, SeatStatus] = {}
+        self.sources: dict[str, str] = {}
+        self.url = ""
+        self.nc: Client | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.service: Service | None = None
+        self.reaper = Reaper()
+        self._subs: dict[str, Subscription] = {}
+        self._control: list[Subscription] = []
+        self._bundles_tg: Any = None
+        self._requests_tg: Any = None
+        self._stop = anyio.Event()
+        self._ready = anyio.Event()
+        self._started = time.monotonic()
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    async def run(self, placements: list[Placement] | None = None) -> None:
+        _use_pidfd_child_watcher()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        embedded: EmbeddedServer | None = None
+        if not self.config.nats.url:
+            embedded = EmbeddedServer(self.state_dir, self.name, self.config.nats.embedded_port)
+            await embedded.start()
+            self.url = embedded.url
+            nats_cfg = msgspec.structs.replace(self.config.nats, url=embedded.url)
+            log.info("embedded NATS server (JetStream on) listening on %s, state in %s", embedded.url, self.state_dir / "nats")
+        else:
+            nats_cfg = self.config.nats
+            self.url = self.config.nats.url
+        try:
+            self.nc = await connect(nats_cfg, f"mesh-node:{self.name}")
+            write_bus_info(self.state_dir, BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded is not None))
+            await self.reaper.start()
+            await self._serve(placements or [])
+        finally:
+            if self.nc is not None and not self.nc.is_closed:
+                try:
+                    await self.nc.drain()
+                except Exception:  # closing a broken connection: nothing left to save
+                    await self.nc.close()
+            await self.reaper.close()
+            if embedded is not None:
+                await embedded.stop()
+            log.info("node %s stopped", self.name)
+
+    async def _serve(self, placements: list[Placement]) -> None:
+        assert self.nc is not None
+        self.dispatcher = Dispatcher(self.nc, self.table, self.name)
+        self.service = Service(
+            self.nc,
+            node=self.name,
+            queue_group=self.config.queue_group,
+            endpoints=lambda: list(self.table.routes.values()),
+            metadata=self._metadata,
+        )
+        async with anyio.create_task_group() as bundles_tg:
+            self._bundles_tg = bundles_tg
+            async with anyio.create_task_group() as requests_tg:
+                self._requests_tg = requests_tg
+                await self.service.start()
+                await self._start_control()
+                for placement in placements:
+                    await self.add_module(placement)
+                log.info(
+                    "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
+                    "`meshctl call tool.<module>.<tool> '{...}'`",
+                    self.name, self.url, len(self.table.modules),
+                    sum(len(m.bundles) for m in self.table.modules.values()),
+                )
+                self._ready.set()
+                await self._stop.wait()
+                log.info("node %s stopping: no new calls; answering %d in flight", self.name, self.dispatcher.in_flight)
+                await self._drain_subscriptions()
+                with anyio.move_on_after(self.config.drain_timeout_s):
+                    await self.dispatcher.wait_idle()
+                requests_tg.cancel_scope.cancel()  # what is left is answered 503 "node stopping"
+            for entry in self.table.modules.values():
+                for bundle in entry.bundles:
+                    await bundle.stop()
+        await self.service.stop()
+        for sub in self._control:
+            await sub.unsubscribe()
+
+    # --- modules --------------------------------------------------------------------------
+    async def add_module(self, placement: Placement) -> None:
+        module = placement.loaded.module
+        if module.name in self.table.modules:
+            raise ValueError(f"module {module.name} is already served")
+        bundles = []
+        for spec in module.tools_bundles():
+            bundle_dir = placement.dirs[spec.name]
+            data_dir = self.state_dir / "data" / module.name
+            data_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                argv = resolve_argv(spec.entry, bundle_dir)
+            except Exception as e:
+                # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
+                log.error("bundle %s/%s: %s", module.name, spec.name, e)
+                argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
+            env = child_env(
+                node=self.name,
+                module=module.name,
+                bundle=spec.name,
+                bundle_dir=bundle_dir,
+                data_dir=data_dir,
+                manifest_env=spec.env,
+                pass_env=spec.pass_env,
+                build_env=placement.build_env.get(spec.name),
+            )
+            child = ChildSpec(
+                argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
+            )
+            bundles.append(
+                Bundle(
+                    BundleSpec(
+                        module=module.name,
+                        name=spec.name,
+                        language=spec.language,
+                        child=child,
+                        timeout_ms=spec.timeout_ms,
+                        max_in_flight=spec.max_in_flight,
+                        restart=self.config.restart.policy(),
+                        health=self.config.health.policy(),
+                    ),
+                    on_tools=self._tools_changed,
+                    reaper=self.reaper,
+                )
+            )
+        entry = ModuleEntry(module.name, module.version, bundles)
+        self.table.modules[module.name] = entry
+        self.sources[module.name] = str(placement.loaded.root)
+        wanted = module.seat_names() if placement.seats is None else placement.seats
+        for seat in wanted:
+            await self._claim_seat(entry, seat, stateless=any(s.stateless for s in module.seat if s.name == seat))
+        await self._subscribe(f"{TOOL_PREFIX}{module.name}.>")
+        for bundle in bundles:
+            self._bundles_tg.start_soon(bundle.run)
+        log.info("module %s %s: %d tools bundles, seats held: %s", module.name, module.version, len(bundles), entry.seats or "none")
+
+    async def remove_module(self, name: str) -> None:
+        entry = self.table.modules.get(name)
+        if entry is None:
+            return
+        await self._unsubscribe(f"{TOOL_PREFIX}{name}.>")
+        for seat in entry.seats:
+            await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
+            self.table.seat_holders.pop(seat, None)
+            self.seats.pop(seat, None)
+        del self.table.modules[name]
+        self.table.rebuild()
+        for bundle in entry.bundles:
+            await bundle.stop()
+        self.sources.pop(name, None)
+
+    async def _claim_seat(self, entry: ModuleEntry, seat: str, stateless: bool) -> None:
+        holder = self.table.seat_holders.get(seat)
+        if holder is not None:
+            reason = f"module {holder} already holds seat {seat} on node {self.name}; one holder per seat per node"
+            self._refuse_seat(seat, entry.name, reason)
+            return
+        if not stateless:
+            other = await self._seat_held_elsewhere(seat)
+            if other is not None:
+                reason = (
+                    f"node {other} already serves seat {seat}, which keeps state: a second holder would write "
+                    "into a second, unconnected store; the membership must name one holding node"
+                )
+                self._refuse_seat(seat, entry.name, reason)
+                return
+        self.table.seat_holders[seat] = entry.name
+        entry.seats.append(seat)
+        self.seats[seat] = SeatStatus(seat, entry.name, "held")
+        await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+
+    def _refuse_seat(self, seat: str, module: str, reason: str) -> None:
+        log.error("seat %s: claim of module %s refused: %s", seat, module, reason)
+        key = seat if seat not in self.seats else f"{seat}#{module}"
+        self.seats[key] = SeatStatus(seat, module, "refused", reason)
+
+    async def _seat_held_elsewhere(self, seat: str) -> str | None:
+        """Ask every node on the bus (Service API INFO) whether it holds this seat."""
+        assert self.nc is not None and self.service is not None
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            await self.nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
+            with anyio.move_on_after(0.3):
+                while True:
+                    msg = await sub.next_msg(timeout=0.3)
+                    info = msgspec.json.decode(msg.data)
+                    if info.get("id") == self.service.id:
+                        continue
+                    meta = info.get("metadata") or {}
+                    if seat in (meta.get("seats") or "").split(","):
+                        return meta.get("node") or info.get("id")
+        except Exception:  # timeouts and malformed answers mean "nobody said so"
+            pass
+        finally:
+            await sub.unsubscribe()
+        return None
+
+    def _tools_changed(self, bundle: Bundle) -> None:
+        self.table.rebuild()
+
+    # --- subscriptions --------------------------------------------------------------------
+    async def _subscribe(self, subject: str) -> None:
+        assert self.nc is not None
+        self._subs[subject] = await self.nc.subscribe(subject, queue=self.config.queue_group, cb=self._on_request)
+
+    async def _unsubscribe(self, subject: str) -> None:
+        sub = self._subs.pop(subject, None)
+        if sub is not None:
+            await sub.drain()
+
+    async def _on_request(self, msg: Msg) -> None:
+        # Each call is a task owned by the node's request group: one slow tool blocks no other.
+        self._requests_tg.start_soon(self.dispatcher.serve, msg)  # type: ignore[union-attr]
+
+    async def _drain_subscriptions(self) -> None:
+        for subject in list(self._subs):
+            try:
+                await self._unsubscribe(subject)
+            except Exception as e:  # a broken connection cannot drain; the calls it held are gone with it
+                log.warning("could not drain %s: %s", subject, e)
+
+    # --- control: status and restart, over the bus ----------------------------------------
+    async def _start_control(self) -> None:
+        assert self.nc is not None
+        base = f"mesh.node.{self.name}"
+        self._control.append(await self.nc.subscribe(f"{base}.status", cb=self._on_status))
+        self._control.append(await self.nc.subscribe(f"{base}.restart", cb=self._on_restart))
+
+    def status(self) -> NodeStatus:
+        bundles = [b.status() for m in self.table.modules.values() for b in m.bundles]
+        return NodeStatus(
+            node=self.name,
+            url=self.url,
+            pid=os.getpid(),
+            uptime_s=round(time.monotonic() - self._started, 3),
+            modules=[ModuleStatus(m.name, m.version, self.sources.get(m.name, "")) for m in self.table.modules.values()],
+            bundles=bundles,
+            seats=list(self.seats.values()),
+            problems=list(self.problems),
+            in_flight=self.dispatcher.in_flight if self.dispatcher else 0,
+            answered=self.dispatcher.answered if self.dispatcher else 0,
+        )
+
+    async def _on_status(self, msg: Msg) -> None:
+        if msg.reply:
+            await msg.respond(msgspec.json.encode(self.status()))
+
+    async def _on_restart(self, msg: Msg) -> None:
+        try:
+            wanted = msgspec.json.decode(msg.data or b"{}").get("bundle", "")
+        except (msgspec.DecodeError, AttributeError):
+            wanted = ""
+        matches = [
+            b for m in self.table.modules.values() for b in m.bundles
+            if wanted in (b.key, b.spec.module) or (wanted and b.spec.name == wanted and "/" not in wanted)
+        ]
+        if len(matches) != 1:
+            known = [b.key for m in self.table.modules.values() for b in m.bundles]
+            reply: dict[str, Any] = {
+                "ok": False,
+                "error": f"bundle {wanted!r} " + ("is ambiguous" if matches else "is not on this node")
+                + f"; bundles here: {', '.join(known) or 'none'}",
+            }
+        else:
+            bundle = matches[0]
+            was = bundle.state
+            bundle.request_restart()
+            log.warning("bundle %s restart requested by an operator (was %s)", bundle.key, was)
+            reply = {"ok": True, "bundle": bundle.key, "was": was}
+        if msg.reply:
+            await msg.respond(msgspec.json.encode(reply))
+
+    def _metadata(self) -> dict[str, str]:
+        held = sorted(s.seat for s in self.seats.values() if s.state == "held")
+        return {"node": self.name, "seats": ",".join(held)}
+
+
+def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:
+    """Every module folder under `directory`, served from source; problems are named, not fatal."""
+    placements: list[Placement] = []
+    problems: list[str] = []
+    try:
+        folders = find_modules(directory)
+    except OSError as e:
+        return [], [f"{directory}: cannot read the manifests folder: {e.strerror}"]
+    names: dict[str, Path] = {}
+    for folder in folders:
+        try:
+            loaded = load_module(folder)
+        except ManifestError as e:
+            problems.extend(str(p) for p in e.problems)
+            continue
+        if loaded.module.name in names:
+            problems.append(f"{loaded.path}: name: module {loaded.module.name!r} is also in {names[loaded.module.name]}")
+            continue
+        names[loaded.module.name] = loaded.path
+        placements.append(from_source(loaded))
+    return placements, problems
+
+
+def _use_pidfd_child_watcher() -> None:
+    # Python 3.11 waits for each child in a thread of its own; a pidfd per child is cheaper.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if hasattr(asyncio, "PidfdChildWatcher") and not isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher):
+            try:
+                watcher = asyncio.PidfdChildWatcher()
+                asyncio.set_child_watcher(watcher)
+                watcher.attach_loop(asyncio.get_running_loop())
+            except (OSError, NotImplementedError):
+                pass

@@ -1,0 +1,133 @@
+"""Subjects to bundles: which tool of which bundle answers a subject, and why not when none.
+
+`mesh.tool.<module>.<tool>` reaches a module's own tool; `mesh.seat.<seat>.<verb>` reaches
+the verb of a seat held on this node. A seat verb is served only on its seat subject, never
+under the module's subject: a stateful seat answered by a node that does not hold it would
+write into a second, unconnected store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from launcher.bundle import Bundle
+from launcher.session import Tool
+
+from .errors import NoSuchTool, Unavailable
+
+TOOL_PREFIX = "mesh.tool."
+SEAT_PREFIX = "mesh.seat."
+
+_encode = msgspec.json.encode
+
+
+def tool_subject(module: str, tool: str) -> str:
+    return f"{TOOL_PREFIX}{module}.{tool}"
+
+
+def seat_subject(seat: str, verb: str) -> str:
+    return f"{SEAT_PREFIX}{seat}.{verb}"
+
+
+def split_seat_tool(name: str) -> tuple[str, str] | None:
+    seat, dot, verb = name.partition(".")
+    if dot and seat and verb and "." not in verb:
+        return seat, verb
+    return None
+
+
+class Route:
+    """One subject served by one tool of one bundle, with its Service API stats."""
+
+    __slots__ = (
+        "subject", "kind", "module", "tool", "tool_json", "bundle", "schema",
+        "num_requests", "num_errors", "last_error", "processing_ns",
+    )
+
+    def __init__(self, subject: str, kind: str, module: str, tool: Tool, bundle: Bundle) -> None:
+        self.subject, self.kind, self.module, self.bundle = subject, kind, module, bundle
+        self.tool = tool.name
+        self.tool_json = _encode(tool.name)
+        self.schema = tool.inputSchema
+        self.num_requests = 0
+        self.num_errors = 0
+        self.last_error = ""
+        self.processing_ns = 0
+
+    def endpoint_name(self) -> str:
+        # Service API endpoint names allow letters, digits, - and _ only.
+        raw = f"{self.kind}-{self.module}-{self.tool}" if self.kind == "tool" else f"seat-{self.tool}"
+        return "".join(c if c.isalnum() or c in "-_" else "_" for c in raw)
+
+    def metadata(self) -> dict[str, str]:
+        return {"kind": self.kind, "module": self.module, "tool": self.tool, "bundle": self.bundle.key}
+
+
+@dataclass
+class ModuleEntry:
+    name: str
+    version: str
+    bundles: list[Bundle]
+    seats: list[str] = field(default_factory=list)  # seats this module holds on this node
+
+
+class RouteTable:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.modules: dict[str, ModuleEntry] = {}
+        self.seat_holders: dict[str, str] = {}  # seat -> module
+        self.routes: dict[str, Route] = {}
+
+    def rebuild(self) -> None:
+        """Recompute every route from the bundles' current tool lists; stats carry over."""
+        old = self.routes
+        routes: dict[str, Route] = {}
+        for entry in self.modules.values():
+            held = set(entry.seats)
+            for bundle in entry.bundles:
+                for tool in bundle.tools.values():
+                    seat_verb = split_seat_tool(tool.name)
+                    if seat_verb is None:
+                        subject, kind = tool_subject(entry.name, tool.name), "tool"
+                    elif seat_verb[0] in held:
+                        subject, kind = seat_subject(*seat_verb), "seat"
+                    else:
+                        continue  # a verb of a seat this module does not hold here
+                    route = Route(subject, kind, entry.name, tool, bundle)
+                    previous = old.get(subject)
+                    if previous is not None:
+                        route.num_requests, route.num_errors = previous.num_requests, previous.num_errors
+                        route.last_error, route.processing_ns = previous.last_error, previous.processing_ns
+                    routes.setdefault(subject, route)
+        self.routes = routes
+
+    def resolve(self, subject: str) -> Route:
+        route = self.routes.get(subject)
+        if route is not None:
+            return route
+        raise self.why_not(subject)
+
+    def why_not(self, subject: str) -> Exception:
+        """404 when nothing here could serve it; 503 when the bundle that might is down."""
+        if subject.startswith(TOOL_PREFIX):
+            module, _, tool = subject[len(TOOL_PREFIX):].partition(".")
+            entry = self.modules.get(module)
+            if entry is None:
+                return NoSuchTool(subject, f"module {module!r} is not served by node {self.node}", sorted(self.modules))
+            what, family = f"module {module} has no tool {tool!r}", module
+        elif subject.startswith(SEAT_PREFIX):
+            seat, _, verb = subject[len(SEAT_PREFIX):].partition(".")
+            holder = self.seat_holders.get(seat)
+            if holder is None:
+                return NoSuchTool(subject, f"seat {seat!r} is not held on node {self.node}", sorted(self.seat_holders))
+            entry = self.modules[holder]
+            what, family, tool = f"seat {seat} has no verb {verb!r} (held by module {holder})", holder, f"{seat}.{verb}"
+        else:
+            return NoSuchTool(subject, "not a mesh subject (mesh.tool.<module>.<tool> or mesh.seat.<seat>.<verb>)", [])
+        for bundle in entry.bundles:
+            if bundle.state != "ready":
+                return Unavailable(tool, family, bundle.unavailable(), self.node)
+        known = sorted(r.subject for r in self.routes.values() if r.module == entry.name)
+        return NoSuchTool(subject, what, known)

@@ -1,0 +1,156 @@
+"""A stdlib-only MCP server for tests: a real child whose misbehaviour is chosen by RAW_MODE.
+
+Modes: normal, exit_at_start, no_init, no_ping, noisy, ignore_term, slow_start.
+Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+MODE = os.environ.get("RAW_MODE", "normal")
+REVISION = os.environ.get("RAW_PROTOCOL", "")
+_out_lock = threading.Lock()
+_cancelled: set[object] = set()
+_extra_tools: list[dict] = []
+
+TOOLS = [
+    {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}},
+    {
+        "name": "sleep",
+        "description": "Sleep then answer",
+        "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    },
+    {"name": "crash", "description": "Exit at once", "inputSchema": {"type": "object"}},
+    {
+        "name": "big",
+        "description": "Answer with N bytes of text",
+        "inputSchema": {"type": "object", "properties": {"bytes": {"type": "integer"}}},
+    },
+    {"name": "add_tool", "description": "Add a tool and say so", "inputSchema": {"type": "object"}},
+    {"name": "grandchild", "description": "Start grandchildren", "inputSchema": {"type": "object"}},
+    {"name": "pid", "description": "The child's pid", "inputSchema": {"type": "object"}},
+    {"name": "env", "description": "The child's environment", "inputSchema": {"type": "object"}},
+    {"name": "fail", "description": "A tool error", "inputSchema": {"type": "object"}},
+    {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
+]
+
+
+def send(msg: dict) -> None:
+    data = json.dumps(msg, separators=(",", ":")) + "\n"
+    with _out_lock:
+        sys.stdout.write(data)
+        sys.stdout.flush()
+
+
+def text_result(text: str, structured: object = None, is_error: bool = False) -> dict:
+    result: dict = {"content": [{"type": "text", "text": text}], "isError": is_error}
+    if structured is not None:
+        result["structuredContent"] = structured
+    return result
+
+
+def call(rid: object, name: str, args: dict) -> None:
+    if name in ("echo", "echo.say") or name.startswith("extra"):
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(args), args)})
+    elif name == "sleep":
+        deadline = time.monotonic() + float(args.get("seconds", 1))
+        while time.monotonic() < deadline:
+            if rid in _cancelled:
+                sys.stderr.write(f"cancelled {rid}\n")
+                sys.stderr.flush()
+                return
+            time.sleep(0.01)
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("slept", {"slept": args.get("seconds", 1)})})
+    elif name == "crash":
+        os._exit(3)
+    elif name == "big":
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("x" * int(args.get("bytes", 1000)))})
+    elif name == "add_tool":
+        _extra_tools.append({"name": f"extra{len(_extra_tools)}", "inputSchema": {"type": "object"}})
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("added")})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    elif name == "grandchild":
+        same = subprocess.Popen(["sleep", "1000"])
+        away = subprocess.Popen(["sleep", "1001"], start_new_session=bool(args.get("setsid")))
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("ok", {"pids": [same.pid, away.pid]})})
+    elif name == "pid":
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result(str(os.getpid()), {"pid": os.getpid()})})
+    elif name == "env":
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("env", dict(os.environ))})
+    elif name == "fail":
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("it failed on purpose", is_error=True)})
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"Unknown tool: {name}"}})
+
+
+def main() -> None:
+    if MODE == "exit_at_start":
+        sys.stderr.write("cannot start: the configuration is missing\n")
+        sys.exit(2)
+    if MODE == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if MODE == "slow_start":
+        time.sleep(float(os.environ.get("RAW_START_DELAY", "0.3")))
+    if MODE == "noisy":
+        sys.stdout.write("this is not json\n{broken\n\n")
+        sys.stdout.flush()
+    initialized = False
+    for line in sys.stdin:
+        if MODE == "noisy":
+            sys.stderr.write("noise " * 20 + "\n")
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            send({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}})
+            continue
+        method, rid = msg.get("method"), msg.get("id")
+        params = msg.get("params") or {}
+        if method == "initialize":
+            if MODE == "no_init":
+                continue
+            version = REVISION or params.get("protocolVersion", "2025-11-25")
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "result": {
+                        "protocolVersion": version,
+                        "capabilities": {"tools": {"listChanged": True}},
+                        "serverInfo": {"name": "raw-child", "version": "1"},
+                    },
+                }
+            )
+        elif method == "notifications/initialized":
+            initialized = True
+        elif method == "notifications/cancelled":
+            _cancelled.add(params.get("requestId"))
+        elif method == "ping":
+            if MODE != "no_ping":
+                send({"jsonrpc": "2.0", "id": rid, "result": {}})
+        elif method == "tools/list":
+            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS + _extra_tools}})
+        elif method == "tools/call":
+            name, args = params.get("name"), params.get("arguments") or {}
+            if MODE == "noisy":
+                sys.stdout.write("noise on stdout\n")
+            if name == "sleep":
+                threading.Thread(target=call, args=(rid, name, args), daemon=True).start()
+            else:
+                call(rid, name, args)
+        elif rid is not None:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"no method {method}"}})
+    del initialized
+    if MODE == "ignore_term":
+        while True:  # stdin closed and SIGTERM ignored: only SIGKILL ends it
+            time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
