@@ -1,0 +1,85 @@
+/* The mesh's thin C SDK: an MCP-over-stdio tools server on jansson.
+ *
+ * A tools bundle in C registers its tools and hands control to mesh_serve_stdio(); the node's
+ * runtime speaks MCP to it over stdin/stdout. Tool arguments and structured results are jansson
+ * values (json_t), so bundle code uses jansson directly: the SDK does not hide it.
+ *
+ * Calls are answered one at a time, in the order they arrive. The runtime may put many calls on
+ * the pipe at once; each is answered by its id. A long call delays the ones behind it, so a
+ * tool that can take long should say so in its manifest's timeout_ms.
+ */
+#ifndef MESH_H
+#define MESH_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MESH_SDK_VERSION "0.1.0"
+
+typedef struct mesh_server mesh_server;
+typedef struct mesh_result mesh_result;
+
+/* A tool's code: read `arguments` (always a JSON object, {} when the caller sent none), fill
+ * `result`. Both are borrowed from the SDK: json_incref() what must outlive the call, and never
+ * free them. (`arguments` is not const because jansson's iteration, json_object_foreach, needs
+ * a non-const object.) */
+typedef void (*mesh_tool_handler)(json_t *arguments, mesh_result *result, void *userdata);
+
+/* A server that tells the runtime its name and version. NULL only when out of memory. */
+mesh_server *mesh_server_new(const char *name, const char *version);
+void mesh_server_free(mesh_server *server);
+
+/* Register a tool. `input_schema_json` is the JSON Schema of the arguments as text, an object
+ * with "type": "object"; NULL means "any object". Returns 0, or -1 (and logs why) for an invalid
+ * name, a name already taken, or a schema that does not parse. */
+int mesh_tool_add(mesh_server *server, const char *name, const char *description,
+                  const char *input_schema_json, mesh_tool_handler handler, void *userdata);
+
+/* Add a text block to the result (printf-style). */
+void mesh_result_text(mesh_result *result, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Mark the result as a tool error and add a text block saying what went wrong. */
+void mesh_result_error(mesh_result *result, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Set the structured result, a JSON object; the result takes the reference (steals it). When no
+ * text was added, the SDK adds the object's JSON as text, as MCP asks for older clients. */
+void mesh_result_structured(mesh_result *result, json_t *object);
+
+/* Write "<seat>.<verb>", the tool name that implements a seat's verb, into buf.
+ * seat: [a-z][a-z0-9-]{0,62}; verb: [A-Za-z0-9_-]{1,63} (no dot: the name has exactly one).
+ * Returns 0, or -1 with errno EINVAL (bad seat or verb) or ERANGE (buf too small). */
+int mesh_seat_verb(char *buf, size_t size, const char *seat, const char *verb);
+
+/* What the runtime tells the bundle through MESH_* variables. Fields are "" when unset (a
+ * bundle run by hand); they point into the environment and live as long as the process. */
+struct mesh_facts {
+    const char *node;       /* MESH_NODE */
+    const char *module;     /* MESH_MODULE */
+    const char *bundle;     /* MESH_BUNDLE */
+    const char *bundle_dir; /* MESH_BUNDLE_DIR: the unpacked bundle, read-only by intent */
+    const char *data_dir;   /* MESH_DATA_DIR: persistent per-module data, survives upgrades */
+};
+
+/* Fill `out`, creating data_dir (and its parents) when it is set. Returns 0, or -1 (and logs
+ * why, errno set) when the data folder cannot be created. */
+int mesh_facts(struct mesh_facts *out);
+
+enum mesh_log_level { MESH_DEBUG, MESH_INFO, MESH_WARN, MESH_ERROR };
+
+/* One line on stderr, which the runtime captures: "<level>: <message>". Newlines in the message
+ * become spaces so one call is one line. Below LOG_LEVEL (debug|info|warn|error, default info)
+ * nothing is written. */
+void mesh_log(enum mesh_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Serve MCP on stdin/stdout until stdin closes. Returns 0 on end of input, 1 when stdout or
+ * stdin fails. While it runs, fd 1 is pointed at stderr so stray printf()s in tool code land in
+ * the log instead of corrupting the protocol. */
+int mesh_serve_stdio(mesh_server *server);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MESH_H */

@@ -1,0 +1,56 @@
+// Package meshsdk is the mesh's thin Go SDK for tools bundles.
+//
+// A tools bundle is a process the node's runtime launches and speaks MCP to over stdio
+// (record 0188). Everything protocol-shaped is the official Go MCP SDK
+// (github.com/modelcontextprotocol/go-sdk); this package only adds what a module's code needs
+// on top: a server set up to log to stderr, the stdio loop, typed tool registration with a
+// text answer, seat-verb tool names, and the MESH_* facts the runtime passes in.
+package meshsdk
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// NewServer returns a go-sdk MCP server named after the module, logging to stderr.
+//
+// It also makes Logger() the process's default slog logger, so a plain slog.Info anywhere in
+// the bundle lands on stderr (which the runtime captures) at the same level.
+func NewServer(name, version string) *mcp.Server {
+	log := Logger()
+	slog.SetDefault(log)
+	return mcp.NewServer(&mcp.Implementation{Name: name, Version: version}, &mcp.ServerOptions{Logger: log})
+}
+
+// Logger returns a text logger on stderr; LOG_LEVEL (debug, info, warn, error) sets its level.
+// stdout belongs to the protocol, so nothing else may write there.
+func Logger() *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(strings.TrimSpace(os.Getenv("LOG_LEVEL")))); err != nil {
+		level = slog.LevelInfo // unset or unknown: info, rather than refusing to start over a log knob
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// Serve runs server on stdin/stdout until the runtime closes stdin (a clean exit, nil) or ctx
+// ends. The go-sdk handles each tools/call in its own goroutine, so a slow tool does not hold
+// up other calls; notifications/cancelled cancels the call's context.
+//
+// Before it starts, Serve points os.Stdout at stderr and keeps the real stdout for the
+// protocol alone: a stray fmt.Println in a tool then shows up in the logs instead of
+// corrupting the JSON-RPC stream.
+func Serve(ctx context.Context, server *mcp.Server) error {
+	protocol := os.Stdout
+	os.Stdout = os.Stderr
+	err := server.Run(ctx, &mcp.IOTransport{Reader: os.Stdin, Writer: protocol})
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,506 @@
+"""The bundle artifact: a reproducible `.tar.gz` with `bundle.json` first, and its verifier.
+
+`pack` turns a staged folder into the artifact; `verify_and_unpack` is what a node runs before it
+launches anything from one. The verifier trusts nothing in the archive: every member must be a
+regular file or a symlink that `bundle.json` lists, with the sha256 it names, at a path that stays
+inside the bundle. Nothing is written to the destination until the whole archive has been checked.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from pathlib import Path
+from typing import IO, Callable, Iterator
+
+import msgspec
+
+from manifests.model import ENV_NAME_RE, NAME_RE, Kind, Language
+
+FORMAT = 1
+META_NAME = "bundle.json"
+# entry[0] values the runtime replaces by its own interpreter; any other entry[0] is a bundle path.
+INTERPRETERS: frozenset[str] = frozenset({"python", "python3", "node"})
+_MAX_META_BYTES = 16 * 1024 * 1024  # a bundle.json bigger than this is an attack, not a manifest
+_PLATFORM_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1024 * 1024
+
+
+class BundleMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """`bundle.json`: what the bundle is and a hash of every file in it."""
+
+    format: int = FORMAT
+    module: str
+    bundle: str
+    version: str
+    kind: Kind
+    language: Language
+    entry: list[str]
+    # From the toolchain's BuildOutput.env; "{bundle_dir}" is replaced by the runtime, not here.
+    env: dict[str, str] = {}
+    os: str | None = None
+    arch: str | None = None
+    files: dict[str, str] = {}  # bundle-relative path -> sha256 hex, every regular file
+    links: dict[str, str] = {}  # bundle-relative path -> relative target inside the bundle
+    exec: list[str] = []  # files unpacked with mode 0755 (others 0644), sorted
+
+
+class ArtifactError(Exception):
+    """Base of the errors this module raises for expected, explainable problems."""
+
+
+class ArtifactRefused(ArtifactError):
+    """An artifact that must not be unpacked or run; `reason` says what is wrong."""
+
+    def __init__(self, artifact: Path | str, reason: str) -> None:
+        self.artifact, self.reason = str(artifact), reason
+        super().__init__(f"artifact {self.artifact} refused: {reason}")
+
+
+class PackRefused(ArtifactError):
+    """A staged folder that cannot become an artifact; `reason` says what is wrong."""
+
+    def __init__(self, stage_dir: Path | str, reason: str) -> None:
+        self.stage_dir, self.reason = str(stage_dir), reason
+        super().__init__(f"cannot pack staged bundle {self.stage_dir}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths and links: one set of rules, used by the packer and the verifier alike.
+
+
+def _path_problem(path: str) -> str | None:
+    """Why `path` is not a clean bundle-relative path ("a/b"), or None when it is."""
+    if not path:
+        return "the path is empty"
+    if path.startswith("/"):
+        return "the path is absolute; bundle paths are relative to the bundle folder"
+    parts = path.split("/")
+    if ".." in parts:
+        return "the path contains `..`; bundle paths stay inside the bundle folder"
+    if "" in parts or "." in parts:
+        return "the path is not in normal form (`//`, `./` or a trailing `/`); write it as a/b/c"
+    if "\0" in path:
+        return "the path contains a NUL byte"
+    return None
+
+
+def _link_problem(path: str, target: str) -> str | None:
+    """Why a symlink at `path` pointing to `target` could leave the bundle, or None when it cannot.
+
+    A target is accepted only in normal form with every `..` at its front: the climbing part then
+    starts from a real directory (no member lies under a symlink) and is checked against the link's
+    depth; the descending part only names entries inside the bundle. `a/../b` is refused because
+    `a` could itself be a link that changes where `..` lands.
+    """
+    if not target:
+        return "its target is empty"
+    if target.startswith("/"):
+        return f"it points to the absolute path {target}; a link must be relative and stay in the bundle"
+    parts = target.split("/")
+    ups = 0
+    while ups < len(parts) and parts[ups] == "..":
+        ups += 1
+    rest = parts[ups:]
+    if target != "." and ("" in rest or "." in rest or ".." in rest or "\0" in target):
+        return f"its target {target!r} is not in normal form; write it as ../dir/name with `..` only in front"
+    if ups > path.count("/"):
+        return f"its target {target!r} climbs above the bundle folder; a link must stay in the bundle"
+    return None
+
+
+def _clean_target(target: str) -> str:
+    """Drop `.` parts and repeated or trailing slashes: the same link, written in normal form."""
+    if target.startswith("/"):
+        return target
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    return "/".join(parts) or "."
+
+
+def _clean_entry(entry0: str) -> str:
+    return "/".join(p for p in entry0.split("/") if p not in ("", "."))
+
+
+def _meta_problem(meta: BundleMeta) -> str | None:
+    """Why `meta` is not a sound bundle.json, or None. Checked before any member is trusted."""
+    if meta.format != FORMAT:
+        return f"bundle.json has format {meta.format}; this version reads format {FORMAT}"
+    for field, value in (("module", meta.module), ("bundle", meta.bundle)):
+        if not NAME_RE.match(value):
+            return f"bundle.json {field} {value!r} is not a name ([a-z][a-z0-9-]{{0,62}})"
+    if not meta.version or "/" in meta.version or meta.version in (".", ".."):
+        return f"bundle.json version {meta.version!r} is not a version string such as \"0.1.0\""
+    if not meta.entry or not all(isinstance(a, str) and a for a in meta.entry):
+        return "bundle.json entry must be a non-empty list of non-empty strings (argv)"
+    for name in meta.env:
+        if not ENV_NAME_RE.match(name):
+            return f"bundle.json env name {name!r} is not an environment variable name"
+    if (meta.os is None) != (meta.arch is None):
+        return "bundle.json must give both os and arch, or neither"
+    for field, value in (("os", meta.os), ("arch", meta.arch)):
+        if value is not None and not _PLATFORM_RE.match(value):
+            return f"bundle.json {field} {value!r} is not a platform name such as \"linux\" or \"amd64\""
+    for path, digest in meta.files.items():
+        if (why := _path_problem(path)) or (why := _reserved(path)):
+            return f"bundle.json lists file {path!r}: {why}"
+        if not _SHA256_RE.match(digest):
+            return f"bundle.json gives file {path!r} the hash {digest!r}; a hash is 64 lowercase hex digits"
+    for path, target in meta.links.items():
+        if (why := _path_problem(path)) or (why := _reserved(path)):
+            return f"bundle.json lists link {path!r}: {why}"
+        if path in meta.files:
+            return f"bundle.json lists {path!r} both as a file and as a link"
+        if why := _link_problem(path, target):
+            return f"bundle.json lists link {path!r}: {why}"
+    every = set(meta.files) | set(meta.links)
+    for path in every:
+        for parent in _parents(path):
+            if parent in every:
+                kind = "link" if parent in meta.links else "file"
+                return f"bundle.json lists {path!r} under {parent!r}, which is a {kind}, not a folder"
+    for path in meta.exec:
+        if path not in meta.files:
+            return f"bundle.json marks {path!r} executable but does not list it as a file"
+    if meta.exec != sorted(set(meta.exec)):
+        return "bundle.json exec must be sorted, without repeats"
+    return _entry_problem(meta)
+
+
+def _entry_problem(meta: BundleMeta) -> str | None:
+    entry0 = meta.entry[0]
+    if entry0 in INTERPRETERS:
+        return None
+    path = _clean_entry(entry0)
+    if why := _path_problem(path):
+        return f"entry[0] {entry0!r} is neither an interpreter ({', '.join(sorted(INTERPRETERS))}) nor a bundle path: {why}"
+    if path in meta.links:
+        return None  # the link itself was checked to stay inside
+    if path not in meta.files:
+        return f"entry[0] {entry0!r} is not in the bundle; the entry must be a file the build staged"
+    if path not in meta.exec:
+        return f"entry[0] {entry0!r} is not executable; the build must stage it with mode 0755"
+    return None
+
+
+def _reserved(path: str) -> str | None:
+    return f"{META_NAME} at the bundle root is reserved for the artifact's own metadata" if path == META_NAME else None
+
+
+def _parents(path: str) -> Iterator[str]:
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+def artifact_name(meta: BundleMeta) -> str:
+    """`<module>-<bundle>-<version>[-<os>-<arch>].tar.gz`."""
+    platform = f"-{meta.os}-{meta.arch}" if meta.os is not None else ""
+    return f"{meta.module}-{meta.bundle}-{meta.version}{platform}.tar.gz"
+
+
+def encode_meta(meta: BundleMeta) -> bytes:
+    """The canonical bytes of bundle.json: sorted keys, no whitespace, a final newline."""
+    return msgspec.json.encode(meta, order="sorted") + b"\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+
+
+def pack(stage_dir: Path, meta: BundleMeta, out_dir: Path) -> Path:
+    """Write the artifact of `stage_dir` into `out_dir` and return its path.
+
+    `meta` is everything but files, links and exec, which are taken from the stage. The bytes depend
+    only on the staged content: entries sorted, owner 0, mtime 0, modes 0644/0755, gzip mtime 0.
+    """
+    stage_dir = Path(stage_dir)
+    if not stage_dir.is_dir():
+        raise PackRefused(stage_dir, "it is not a folder")
+    files, links, executable = _scan_stage(stage_dir)
+    meta = msgspec.structs.replace(meta, format=FORMAT, files=files, links=links, exec=executable)
+    if why := _meta_problem(meta):
+        raise PackRefused(stage_dir, why)
+    meta_bytes = encode_meta(meta)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / artifact_name(meta)
+    # Write beside the target and rename, so a reader never sees half an artifact.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out_dir)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            # filename="" and mtime=0 keep the gzip header free of the host's name and clock.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
+                with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
+                    tar.addfile(_tarinfo(META_NAME, tarfile.REGTYPE, 0o644, len(meta_bytes)), io.BytesIO(meta_bytes))
+                    for path in sorted(set(files) | set(links)):
+                        if path in links:
+                            info = _tarinfo(path, tarfile.SYMTYPE, 0o777, 0)
+                            info.linkname = links[path]
+                            tar.addfile(info)
+                            continue
+                        source = stage_dir / path
+                        mode = 0o755 if path in executable else 0o644
+                        with open(source, "rb") as f:
+                            size = os.fstat(f.fileno()).st_size
+                            reader = _HashingReader(f)
+                            tar.addfile(_tarinfo(path, tarfile.REGTYPE, mode, size), reader)
+                        if reader.hash.hexdigest() != files[path]:
+                            raise PackRefused(stage_dir, f"{path} changed while it was being packed; build again")
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, out)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _tarinfo(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.size = kind, mode, size
+    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+    return info
+
+
+class _HashingReader:
+    """Hands a staged file to tarfile and hashes what it hands, so a file changed since it was
+    hashed for bundle.json is caught instead of packed under the wrong hash."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.hash.update(data)
+        return data
+
+
+def _scan_stage(stage_dir: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """Hash every regular file, read every symlink; refuse what an artifact cannot hold."""
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    executable: list[str] = []
+
+    def walk(folder: Path, prefix: str) -> None:
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            rel = prefix + entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = _clean_target(os.readlink(entry.path))
+                if why := _link_problem(rel, target):
+                    raise PackRefused(stage_dir, f"symlink {rel}: {why}")
+                links[rel] = target
+            elif stat.S_ISDIR(st.st_mode):
+                walk(Path(entry.path), rel + "/")  # empty folders are not kept: create them at run time
+            elif stat.S_ISREG(st.st_mode):
+                if why := _path_problem(rel) or _reserved(rel):
+                    raise PackRefused(stage_dir, f"file {rel!r}: {why}")
+                files[rel] = _sha256_file(Path(entry.path))
+                if st.st_mode & 0o111:
+                    executable.append(rel)
+            else:
+                raise PackRefused(stage_dir, f"{rel} is a {_kind_of(st.st_mode)}; a bundle holds only files and symlinks")
+
+    walk(stage_dir, "")
+    return files, links, sorted(executable)
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "named pipe (fifo)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    return "special file"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and verifying
+
+# What a damaged archive raises from inside gzip, zlib and tarfile.
+_CORRUPT = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
+
+
+def read_meta(artifact_path: Path) -> BundleMeta:
+    """Read and check bundle.json only (the first member); the files are not verified."""
+    artifact_path = Path(artifact_path)
+    try:
+        with _open_stream(artifact_path) as tar:
+            return _read_meta_member(artifact_path, tar)
+    except _CORRUPT as e:
+        raise ArtifactRefused(artifact_path, f"it is truncated or corrupt ({e}); build or fetch it again") from None
+
+
+def _open_stream(artifact_path: Path) -> tarfile.TarFile:
+    try:
+        # Stream mode reads front to back once: no seeking, and a cut archive fails as it is read.
+        return tarfile.open(artifact_path, mode="r|gz")
+    except FileNotFoundError:
+        raise ArtifactRefused(artifact_path, "no such file") from None
+    except IsADirectoryError:
+        raise ArtifactRefused(artifact_path, "it is a folder; an artifact is a .tar.gz file") from None
+
+
+def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> BundleMeta:
+    first = tar.next()
+    if first is None:
+        raise ArtifactRefused(artifact_path, f"the archive is empty; it must start with {META_NAME}")
+    if first.name != META_NAME or not first.isreg():
+        raise ArtifactRefused(
+            artifact_path, f"its first member is {first.name!r}; an artifact starts with the file {META_NAME}"
+        )
+    if first.size > _MAX_META_BYTES:
+        raise ArtifactRefused(artifact_path, f"{META_NAME} is {first.size} bytes; at most {_MAX_META_BYTES} are read")
+    f = tar.extractfile(first)
+    assert f is not None  # a regular file always has content
+    data = f.read()
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise ArtifactRefused(artifact_path, f"{META_NAME} is not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ArtifactRefused(artifact_path, f"{META_NAME} must hold a JSON object")
+    if raw.get("format") != FORMAT:
+        raise ArtifactRefused(
+            artifact_path, f"{META_NAME} has format {raw.get('format')!r}; this version reads format {FORMAT}"
+        )
+    try:
+        meta = msgspec.convert(raw, BundleMeta)
+    except msgspec.ValidationError as e:
+        raise ArtifactRefused(artifact_path, f"{META_NAME} is invalid: {e}") from None
+    if why := _meta_problem(meta):
+        raise ArtifactRefused(artifact_path, why)
+    return meta
+
+
+def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> BundleMeta:
+    """Check every member against bundle.json and unpack into `dest_dir`, or refuse and touch nothing.
+
+    The archive is unpacked into a fresh folder beside `dest_dir` and renamed into place only when
+    all of it is verified; an existing `dest_dir` is replaced then, never before.
+    """
+    artifact_path, dest_dir = Path(artifact_path), Path(dest_dir)
+    dest_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.unpack-", dir=dest_dir.parent))
+    try:
+        try:
+            with _open_stream(artifact_path) as tar:
+                meta = _read_meta_member(artifact_path, tar)
+                _unpack_members(artifact_path, tar, meta, work)
+        except _CORRUPT as e:
+            raise ArtifactRefused(artifact_path, f"it is truncated or corrupt ({e}); build or fetch it again") from None
+        os.chmod(work, 0o755)
+        _swap_into_place(work, dest_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return meta
+
+
+def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: BundleMeta, work: Path) -> None:
+    def refuse(reason: str) -> ArtifactRefused:
+        return ArtifactRefused(artifact_path, reason)
+
+    seen: set[str] = set()
+    executable = set(meta.exec)
+    # tar.next(), not `for member in tar`: iteration would start over with bundle.json, already read.
+    while (member := tar.next()) is not None:
+        name = member.name
+        if why := _path_problem(name):
+            raise refuse(f"member {name!r}: {why}")
+        if name in seen or name == META_NAME:
+            raise refuse(f"member {name!r} appears twice; each path is in the archive once")
+        seen.add(name)
+        if member.islnk():
+            raise refuse(f"member {name!r} is a hardlink (to {member.linkname!r}); a bundle holds no hardlinks")
+        if member.issym():
+            if name not in meta.links:
+                raise refuse(f"symlink {name!r} is not listed in {META_NAME}; every link must be listed")
+            if member.linkname != meta.links[name]:
+                raise refuse(
+                    f"symlink {name!r} points to {member.linkname!r}, but {META_NAME} says {meta.links[name]!r}"
+                )
+            # meta.links was checked to stay inside; parents must be real folders we made.
+            target = work / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(member.linkname, target)
+            continue
+        if not member.isreg():
+            raise refuse(f"member {name!r} is a {_member_kind(member)}; a bundle holds only files and symlinks")
+        if name not in meta.files:
+            raise refuse(f"file {name!r} is not listed in {META_NAME}; every file must be listed with its sha256")
+        _write_member(refuse, tar, member, work, meta.files[name], 0o755 if name in executable else 0o644)
+
+    missing = sorted((set(meta.files) | set(meta.links)) - seen)
+    if missing:
+        shown = ", ".join(repr(p) for p in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise refuse(f"{META_NAME} lists {shown}, missing from the archive; build the artifact again")
+
+
+def _write_member(
+    refuse: Callable[[str], ArtifactRefused],
+    tar: tarfile.TarFile, member: tarfile.TarInfo, work: Path, expected: str, mode: int
+) -> None:
+    target = work / member.name
+    # No listed path lies under a listed link (checked in bundle.json), so these folders are real.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = tar.extractfile(member)
+    assert source is not None
+    h = hashlib.sha256()
+    # O_EXCL | O_NOFOLLOW: never write through a link or over something already unpacked.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        while chunk := source.read(_CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != expected:
+        raise refuse(
+            f"file {member.name!r} has sha256 {h.hexdigest()}, but {META_NAME} says {expected}; "
+            "the artifact was altered or damaged"
+        )
+    os.chmod(target, mode)
+
+
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.isdir():
+        return "folder entry (format 1 lists only files and symlinks)"
+    if member.isfifo():
+        return "named pipe (fifo)"
+    if member.ischr() or member.isblk():
+        return "device file"
+    return f"member of tar type {member.type!r}"
+
+
+def _swap_into_place(work: Path, dest_dir: Path) -> None:
+    """Rename the verified folder to `dest_dir`, replacing an existing one only at this last step."""
+    if not dest_dir.exists() and not dest_dir.is_symlink():
+        os.rename(work, dest_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.old-", dir=dest_dir.parent))
+    os.rename(dest_dir, old / "d")
+    try:
+        os.rename(work, dest_dir)
+    except BaseException:
+        os.rename(old / "d", dest_dir)  # put the old one back: a failed swap leaves things as they were
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

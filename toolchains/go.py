@@ -1,0 +1,102 @@
+"""The Go toolchain: `go build` of the bundle's main package into one static binary.
+
+The binary is the whole bundle: it goes to `<stage>/<entry[0]>` (e.g. `bin/hello-go`). The
+build is reproducible because nothing machine- or time-specific is baked in: `-trimpath`
+drops filesystem paths, `-buildvcs=false` the VCS stamp, `-buildid=` the build ID, and
+CGO_ENABLED=0 keeps the C toolchain (and its paths) out. The same source and the same Go
+version give the same bytes.
+
+`go build` does not write into the source tree (`-mod=readonly` forbids even go.mod edits),
+so it runs in the source folder itself; a `replace` to the SDK by relative path
+(`../../../sdk/go`) then resolves inside this checkout as written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+
+INSTALL_HINT = (
+    "install Go 1.25 or newer from https://go.dev/dl/ "
+    "(or `apt-get install golang-go`; an older go fetches the newer toolchain itself)"
+)
+BUILD_TIMEOUT_S = 900  # a cold module download plus a cold build cache on a small machine
+OUTPUT_TAIL_LINES = 40
+
+
+class GoToolchain:
+    language = "go"
+
+    def check(self) -> None:
+        if shutil.which("go") is None:
+            raise ToolchainMissing(self.language, "go", INSTALL_HINT)
+
+    def build(self, ctx: BuildContext) -> BuildOutput:
+        self.check()
+        if not (ctx.source_dir / "go.mod").is_file():
+            raise BuildFailed(
+                self.language, ctx.bundle.name, ["go", "build"],
+                f"{ctx.source_dir} has no go.mod; a Go bundle's source is a module with a main package",
+            )
+        binary = _entry_path(ctx)
+        env = _build_env(ctx)
+        arch = _run(ctx, ["go", "env", "GOARCH"], env).strip()
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=",
+            "-o", str(binary), ".",
+        ]
+        ctx.log(f"go: building bundle {ctx.bundle.name!r} -> {binary.relative_to(ctx.stage_dir)} (linux/{arch})")
+        _run(ctx, command, env)
+        return BuildOutput(os="linux", arch=arch)
+
+
+def _entry_path(ctx: BuildContext) -> Path:
+    """Where the binary goes: the manifest's entry[0], relative to the stage."""
+    entry = PurePosixPath(ctx.bundle.entry[0])
+    if entry.is_absolute() or ".." in entry.parts or entry.name in ("", "."):
+        raise BuildFailed(
+            "go", ctx.bundle.name, ["go", "build"],
+            f"entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, e.g. \"bin/{ctx.module.module.name}\"",
+        )
+    return ctx.stage_dir / entry
+
+
+def _build_env(ctx: BuildContext) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        CGO_ENABLED="0",  # static binary, and no C compiler paths in it
+        GOOS="linux",  # the runtime runs bundles on Linux nodes
+        # Replaces any inherited GOFLAGS (e.g. -mod=mod or -mod=vendor) so the build reads the
+        # committed go.mod/go.sum as they are and never edits them.
+        GOFLAGS="-mod=readonly",
+    )
+    # go's caches live under $HOME by default; without a HOME (a bare CI or service account)
+    # use the toolchain cache folder instead of failing.
+    if not env.get("GOCACHE") and not env.get("HOME") and not env.get("XDG_CACHE_HOME"):
+        env["GOCACHE"] = str(ctx.cache_dir / "go-build")
+    if not env.get("GOPATH") and not env.get("HOME"):
+        env["GOPATH"] = str(ctx.cache_dir / "gopath")
+    return env
+
+
+def _run(ctx: BuildContext, command: list[str], env: dict[str, str]) -> str:
+    try:
+        proc = subprocess.run(
+            command, cwd=ctx.source_dir, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildFailed("go", ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s")
+    except FileNotFoundError:
+        raise ToolchainMissing("go", "go", INSTALL_HINT)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
+        raise BuildFailed("go", ctx.bundle.name, command, tail)
+    return proc.stdout
+
+
+TOOLCHAIN = GoToolchain()
