@@ -20,7 +20,7 @@ import msgspec
 
 from .errors import BundleUnavailable, CallTimedOut, ChildError, ProtocolError, SessionClosed
 from .process import ChildProcess, ChildSpec
-from .reaper import Reaper
+from .reaper import Reaper, kill_marked
 from .session import Session, Tool
 
 log = logging.getLogger("mesh.bundle")
@@ -135,7 +135,7 @@ class Bundle:
         self._reaper = reaper
         self.key = spec.key
         self._on_tools = on_tools
-        self.state = "stopped"
+        self.state = "starting"  # from creation: run() is about to start it
         self.tools: dict[str, Tool] = {}
         self.pid: int | None = None
         self.restarts = 0
@@ -176,18 +176,23 @@ class Bundle:
         finally:
             self._slots.release()
 
-    async def _wait_ready(self, deadline: float) -> Session:
-        # A start in progress is ridden over (up to the call's timeout); any other state is down.
+    async def settle(self, timeout: float) -> None:
+        """Wait while a start is in progress (at most `timeout`): a start is ridden over."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while self.state == "starting":
             changed = self._changed
             remaining = deadline - loop.time()
             if remaining <= 0:
-                break
+                return
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
             except asyncio.TimeoutError:
-                break
+                return
+
+    async def _wait_ready(self, deadline: float) -> Session:
+        # Any state but `starting` is down: answered at once.
+        await self.settle(deadline - asyncio.get_running_loop().time())
         if self.state == "ready" and self._session is not None:
             return self._session
         raise self.unavailable()
@@ -331,7 +336,7 @@ class Bundle:
         return ready_at
 
     async def _watch_exit(self, child: ChildProcess, scope: anyio.CancelScope) -> None:
-        await child.exited
+        await child.wait()
         scope.cancel()
 
     async def _wake_for_stop(self) -> None:
@@ -343,7 +348,7 @@ class Bundle:
         if child.running:
             status = await child.stop(self.spec.health.stop_grace_s)
         else:
-            status = await child.exited
+            status = await child.wait()
         self.last_exit = describe_exit(status)
         if child.broken_reason:
             self.last_error = child.broken_reason
@@ -355,6 +360,9 @@ class Bundle:
         child.close()
         if self._reaper is not None:
             self._reaper.unregister(child.pid)
+            # Grandchildren that left the group (setsid) still carry the run's marker.
+            also = (f"MESH_MODULE={self.spec.module}", f"MESH_BUNDLE={self.spec.name}")
+            kill_marked(self._reaper.marker, also)
         if not self._stopping and not self._restart_requested:
             log.warning("bundle %s: child %d ended: %s", self.key, child.pid, self.last_exit)
 

@@ -160,6 +160,10 @@ class ChildProcess:
             raise BrokenPipeError("the child's stdin is closed")
         stdin.write(data)
 
+    async def wait(self) -> int:
+        """The exit status. Shielded: a cancelled waiter must not cancel the shared future."""
+        return await asyncio.shield(self.exited)
+
     @property
     def running(self) -> bool:
         return not self.exited.done()
@@ -185,7 +189,7 @@ class ChildProcess:
                 break
             except asyncio.TimeoutError:
                 self.signal_group(sig)
-        status = await self.exited
+        status = await self.wait()
         # The leader is gone; whatever it left in its group goes too.
         self.signal_group(signal.SIGKILL)
         return status

@@ -3,7 +3,9 @@
 The parent-death signal reaches a child, not its grandchildren; a runtime killed with SIGKILL
 cannot clean up. So the runtime starts this small stdlib-only process with a pipe: it writes
 "+PGID" when a child starts and "-PGID" when it is gone. When the pipe closes (the runtime
-exited, however it exited), the watchdog kills every group still registered, then exits.
+exited, however it exited), the watchdog kills every group still registered, then every
+process that still carries this run's marker in its environment (`MESH_RUN=<id>`, inherited
+by grandchildren even when they left the group with setsid), then exits.
 """
 
 from __future__ import annotations
@@ -14,10 +16,42 @@ import signal
 import sys
 
 
+MARKER_VAR = "MESH_RUN"
+
+
+def find_marked(marker: str, also: tuple[str, ...] = ()) -> list[int]:
+    """Pids whose environment holds MESH_RUN=<marker> (and every `also` entry, "K=V")."""
+    want = [f"{MARKER_VAR}={marker}".encode(), *(a.encode() for a in also)]
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(w in entries for w in want):
+            found.append(int(name))
+    return found
+
+
+def kill_marked(marker: str, also: tuple[str, ...] = ()) -> int:
+    pids = find_marked(marker, also)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(pids)
+
+
 class Reaper:
     """The runtime's side: start the watchdog, tell it about process groups."""
 
-    def __init__(self) -> None:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -26,6 +60,7 @@ class Reaper:
             "-I",
             "-S",
             __file__,
+            self.marker,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,
             # Its own session: a signal to the runtime's group (Ctrl-C) must not end it first.
@@ -83,6 +118,8 @@ def main() -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    if len(sys.argv) > 1 and sys.argv[1]:
+        kill_marked(sys.argv[1])
 
 
 if __name__ == "__main__":

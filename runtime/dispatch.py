@@ -49,7 +49,9 @@ class Dispatcher:
         error: NodeError | None = None
         body = b""
         try:
-            route = self.table.resolve(msg.subject)
+            route = self.table.routes.get(msg.subject)
+            if route is None:
+                route = await self._route_after_start(msg.subject)
             body = await self._call(route, msg.data)
         except NodeError as e:
             error = e
@@ -79,6 +81,12 @@ class Dispatcher:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    async def _route_after_start(self, subject: str) -> Route:
+        # A call that arrives while its bundle starts waits for the start, not a 503.
+        for bundle in self.table.starting(subject):
+            await bundle.settle(bundle.spec.timeout_ms / 1000)
+        return self.table.resolve(subject)
 
     async def _call(self, route: Route, data: bytes) -> bytes:
         subject = route.subject

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from nats.aio.subscription import Subscription
 from launcher.bundle import Bundle, BundleSpec, BundleStatus
 from launcher.env import child_env, resolve_argv
 from launcher.process import ChildSpec
-from launcher.reaper import Reaper
+from launcher.reaper import MARKER_VAR, Reaper, kill_marked
 from manifests import LoadedModule, ManifestError, find_modules, load_module
 
 from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
@@ -89,7 +90,8 @@ class Node:
         self.nc: Client | None = None
         self.dispatcher: Dispatcher | None = None
         self.service: Service | None = None
-        self.reaper = Reaper()
+        self.run_id = uuid.uuid4().hex[:16]
+        self.reaper = Reaper(self.run_id)
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
         self._bundles_tg: Any = None
@@ -130,6 +132,7 @@ class Node:
                 except Exception:  # closing a broken connection: nothing left to save
                     await self.nc.close()
             await self.reaper.close()
+            kill_marked(self.run_id)  # whatever a child left behind, even outside its group
             if embedded is not None:
                 await embedded.stop()
             log.info("node %s stopped", self.name)
@@ -198,6 +201,7 @@ class Node:
                 pass_env=spec.pass_env,
                 build_env=placement.build_env.get(spec.name),
             )
+            env[MARKER_VAR] = self.run_id
             child = ChildSpec(
                 argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
             )

@@ -109,6 +109,16 @@ class RouteTable:
             return route
         raise self.why_not(subject)
 
+    def starting(self, subject: str) -> list[Bundle]:
+        """Bundles still starting that might serve this subject once they list their tools."""
+        module = None
+        if subject.startswith(TOOL_PREFIX):
+            module = subject[len(TOOL_PREFIX):].partition(".")[0]
+        elif subject.startswith(SEAT_PREFIX):
+            module = self.seat_holders.get(subject[len(SEAT_PREFIX):].partition(".")[0])
+        entry = self.modules.get(module) if module else None
+        return [b for b in entry.bundles if b.state == "starting"] if entry else []
+
     def why_not(self, subject: str) -> Exception:
         """404 when nothing here could serve it; 503 when the bundle that might is down."""
         if subject.startswith(TOOL_PREFIX):

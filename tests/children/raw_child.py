@@ -15,6 +15,9 @@ import threading
 import time
 
 MODE = os.environ.get("RAW_MODE", "normal")
+# A fault that an operator can fix: once this file exists the child starts normally.
+if os.environ.get("RAW_OK_FILE") and os.path.exists(os.environ["RAW_OK_FILE"]):
+    MODE = "normal"
 REVISION = os.environ.get("RAW_PROTOCOL", "")
 _out_lock = threading.Lock()
 _cancelled: set[object] = set()

@@ -1,0 +1,221 @@
+"""Test support: a real nats-server, a real node process, module folders with real children."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+from runtime.bus import free_port, nats_server_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW_CHILD = ROOT / "tests" / "children" / "raw_child.py"
+MESHCTL = [sys.executable, "-m", "runtime.cli"]
+
+
+class NatsServer:
+    """A nats-server on loopback, started and ended by the test that owns it."""
+
+    def __init__(self, workdir: Path, port: int | None = None, extra: list[str] | None = None) -> None:
+        self.port = port or free_port()
+        self.workdir = workdir
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> "NatsServer":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.workdir / "js"), *self.extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.log", "ab"))
+        wait_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def wait_port(port: int, timeout: float = 10) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def make_module(
+    root: Path,
+    name: str,
+    *,
+    env: dict[str, str] | None = None,
+    seats: list[str] | None = None,
+    timeout_ms: int = 5000,
+    extra_bundle: str = "",
+) -> Path:
+    """A module folder whose tools bundle is the raw test child, told how to behave by env."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(RAW_CHILD, folder / "raw_child.py")
+    env_line = ", ".join(f'{k} = "{v}"' for k, v in (env or {}).items())
+    text = (
+        f'name = "{name}"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\n'
+        f'source = "."\nentry = ["python", "raw_child.py"]\ntimeout_ms = {timeout_ms}\nenv = {{ {env_line} }}\n{extra_bundle}\n'
+    )
+    for seat in seats or []:
+        text += f'\n[[seat]]\nname = "{seat}"\n'
+    (folder / "module.toml").write_text(text)
+    return folder
+
+
+FAST_CONFIG = """
+drain_timeout_s = 10
+[restart]
+max_restarts = 3
+window_s = 30
+backoff_initial_s = 0.1
+backoff_max_s = 0.4
+stable_after_s = 5
+[health]
+init_timeout_s = 2
+ping_interval_s = 0.5
+ping_timeout_s = 0.5
+ping_misses = 2
+stop_grace_s = 1
+"""
+
+
+class NodeProcess:
+    """`meshctl node run` as a real process."""
+
+    def __init__(self, workdir: Path, manifests: Path, url: str | None, name: str, config: str = FAST_CONFIG,
+                 env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
+        self.workdir = workdir
+        self.name = name
+        self.url = url
+        self.state_dir = workdir / f"state-{name}"
+        self.config = workdir / f"node-{name}.toml"
+        self.config.write_text(config)
+        self.log_path = workdir / f"node-{name}.log"
+        argv = [*MESHCTL, "node", "run", "--manifests", str(manifests), "--name", name,
+                "--state-dir", str(self.state_dir), "--config", str(self.config), *(extra_args or [])]
+        if url:
+            argv += ["--nats", url]
+        else:
+            argv += ["--embedded-port", "0"]
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log_path, "wb"))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node exited ({self.proc.returncode}) before logging {text!r}:\n{self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"node did not log {text!r} within {timeout} s:\n{self.log()}")
+
+    def bus_url(self) -> str:
+        if self.url:
+            return self.url
+        return json.loads((self.state_dir / "bus.json").read_text())["url"]
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+async def client(url: str) -> Client:
+    return await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+
+
+async def status(nc: Client, node: str) -> dict[str, Any]:
+    msg = await nc.request(f"mesh.node.{node}.status", b"", timeout=5)
+    return json.loads(msg.data)
+
+
+async def bundle_status(nc: Client, node: str, key: str) -> dict[str, Any]:
+    for b in (await status(nc, node))["bundles"]:
+        if f"{b['module']}/{b['bundle']}" == key:
+            return b
+    raise KeyError(key)
+
+
+async def wait_state(nc: Client, node: str, key: str, state: str, timeout: float = 15) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        try:
+            last = await bundle_status(nc, node, key)
+            if last["state"] == state:
+                return last
+        except (KeyError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{key} did not reach {state} within {timeout} s; last status {last}")
+
+
+async def call(nc: Client, subject: str, args: Any = None, timeout: float = 10, raw: bytes | None = None) -> tuple[int, Any]:
+    """(code, body): 200 and the CallToolResult, or the runtime error code and its JSON body."""
+    data = raw if raw is not None else json.dumps(args if args is not None else {}).encode()
+    msg = await nc.request(subject, data, timeout=timeout)
+    if msg.headers and "Nats-Service-Error-Code" in msg.headers:
+        return int(msg.headers["Nats-Service-Error-Code"]), json.loads(msg.data)
+    return 200, json.loads(msg.data)
+
+
+def marked_processes(node_name: str) -> list[int]:
+    """Every process on this machine whose environment says it is a child of that node."""
+    want = f"MESH_NODE={node_name}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
