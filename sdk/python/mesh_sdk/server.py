@@ -1,0 +1,80 @@
+"""A tools bundle's server: MCP over stdio, served by the `mcp` library's MCPServer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+
+from .log import setup_logging
+from .names import check_tool_name, seat_verb
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Server:
+    """The tools of one bundle, served on stdio.
+
+    Each tool is a plain function; its input schema comes from its type hints and its
+    description from its docstring, as the `mcp` library derives them. Sync functions run in
+    a worker thread and async ones on the event loop, and every call runs in its own task,
+    so a slow call never holds up another one in flight.
+    """
+
+    def __init__(self, name: str | None = None, *, version: str = "", instructions: str | None = None) -> None:
+        setup_logging()
+        # The module's name is what the runtime knows the bundle by; fall back to it.
+        self.mcp: MCPServer[Any] = MCPServer(
+            name or os.environ.get("MESH_MODULE") or "mesh-bundle",
+            version=version,
+            instructions=instructions,
+            log_level="WARNING",  # the library's own chatter; setup_logging already set the handler
+        )
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        title: str | None = None,
+        description: str | None = None,
+        annotations: ToolAnnotations | None = None,
+        structured_output: bool | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as a tool (named after it unless `name` is given)."""
+
+        def register(fn: F) -> F:
+            tool_name = check_tool_name(name or fn.__name__)
+            self.mcp.add_tool(
+                fn,
+                name=tool_name,
+                title=title,
+                description=description,
+                annotations=annotations,
+                structured_output=structured_output,
+            )
+            return fn
+
+        if callable(name):
+            raise TypeError("use @server.tool() with parentheses, or @server.tool(\"name\")")
+        return register
+
+    def seat_tool(self, seat: str, verb: str, **options: Any) -> Callable[[F], F]:
+        """Register the decorated function as the implementation of `seat`'s `verb`."""
+        return self.tool(seat_verb(seat, verb), **options)
+
+    def run(self) -> None:
+        """Serve on stdin/stdout until stdin closes, which is how the runtime says "exit now"."""
+        try:
+            self.mcp.run("stdio")
+        except KeyboardInterrupt:
+            pass
+
+
+def result(text: str, structured: dict[str, Any] | None = None, *, is_error: bool = False) -> CallToolResult:
+    """A tool result with a text for people and, optionally, structured content for programs."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=structured, is_error=is_error
+    )
