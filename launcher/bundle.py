@@ -13,7 +13,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 import anyio
 import msgspec
@@ -56,6 +56,9 @@ class BundleSpec:
     max_in_flight: int = 256
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    # Builds the bundle before its first start (compiled code served from source); gives the
+    # child to run. A failure is not retried on its own: the bundle is failed until reset.
+    prepare: Callable[[], Awaitable[ChildSpec]] | None = None
 
     @property
     def key(self) -> str:
@@ -154,6 +157,7 @@ class Bundle:
         self._recent: collections.deque[float] = collections.deque()
         self._failures = 0
         self._log_budget = _LogBudget(self.key)
+        self._child_spec: ChildSpec | None = None if spec.prepare else spec.child
 
     # --- calls ----------------------------------------------------------------------------
     async def call(self, tool_json: bytes, arguments: bytes, timeout_ms: int | None = None) -> msgspec.Raw:
@@ -205,6 +209,8 @@ class Bundle:
     def request_restart(self) -> None:
         """Operator's reset: a failed bundle starts again; a running one is restarted."""
         self._restart_requested = True
+        if self.spec.prepare is not None and self.state == "failed":
+            self._child_spec = None  # build again: the operator may have fixed the source
         self._recent.clear()
         self._failures = 0
         self._wake.set()
@@ -244,7 +250,9 @@ class Bundle:
         loop = asyncio.get_running_loop()
         try:
             while not self._stopping:
-                started = loop.time()
+                if self._child_spec is None and not await self._prepare():
+                    await self._sleep_until_woken(None)
+                    continue
                 ready_at = await self._run_once()
                 if self._stopping:
                     break
@@ -278,9 +286,20 @@ class Bundle:
                     await self._sleep_until_woken(delay)
                 if not self._stopping:
                     self.restarts += 1
-                del started
         finally:
             self._set_state("stopped")
+
+    async def _prepare(self) -> bool:
+        assert self.spec.prepare is not None
+        self._set_state("building")
+        try:
+            self._child_spec = await self.spec.prepare()
+            return True
+        except Exception as e:  # a build's failure is the bundle's, never the node's
+            self.last_error = f"could not be built: {e}"
+            self._set_state("failed")
+            log.error("bundle %s %s; fix it, then `meshctl node restart %s`", self.key, self.last_error, self.key)
+            return False
 
     async def _sleep_until_woken(self, delay: float | None) -> None:
         self._wake.clear()
@@ -295,11 +314,13 @@ class Bundle:
         """Start one child and serve until it exits. Returns when it became ready, if it did."""
         self._set_state("starting")
         spec = self.spec
+        child_spec = self._child_spec
+        assert child_spec is not None
         session = Session(self.key, self._notification)
         try:
-            child = await ChildProcess.spawn(spec.child, session.feed, self._stderr_line)
+            child = await ChildProcess.spawn(child_spec, session.feed, self._stderr_line)
         except OSError as e:
-            self.last_error = f"cannot start {spec.child.argv[0]}: {e.strerror or e}"
+            self.last_error = f"cannot start {child_spec.argv[0]}: {e.strerror or e}"
             self.last_exit = "did not start"
             log.error("bundle %s: %s", self.key, self.last_error)
             return None

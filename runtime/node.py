@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import anyio
 import msgspec
@@ -63,6 +64,10 @@ class NodeStatus(msgspec.Struct):
     answered: int
 
 
+# Languages a node runs straight from their source folder; the others are built first.
+RUN_FROM_SOURCE = frozenset({"python"})
+
+
 @dataclass
 class Placement:
     """Where a module's bundles are on this node and what each was built with."""
@@ -71,10 +76,11 @@ class Placement:
     dirs: dict[str, Path]
     build_env: dict[str, dict[str, str]] = field(default_factory=dict)
     seats: list[str] | None = None  # seats to hold; None: every seat the module declares
+    from_source: bool = False
 
 
 def from_source(loaded: LoadedModule) -> Placement:
-    return Placement(loaded, {b.name: loaded.source_dir(b) for b in loaded.module.bundle})
+    return Placement(loaded, {b.name: loaded.source_dir(b) for b in loaded.module.bundle}, from_source=True)
 
 
 class Node:
@@ -205,6 +211,9 @@ class Node:
             child = ChildSpec(
                 argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
             )
+            prepare = None
+            if placement.from_source and spec.language not in RUN_FROM_SOURCE:
+                prepare = self._builder(placement.loaded, spec, child)
             bundles.append(
                 Bundle(
                     BundleSpec(
@@ -216,6 +225,7 @@ class Node:
                         max_in_flight=spec.max_in_flight,
                         restart=self.config.restart.policy(),
                         health=self.config.health.policy(),
+                        prepare=prepare,
                     ),
                     on_tools=self._tools_changed,
                     reaper=self.reaper,
@@ -231,6 +241,34 @@ class Node:
         for bundle in bundles:
             self._bundles_tg.start_soon(bundle.run)
         log.info("module %s %s: %d tools bundles, seats held: %s", module.name, module.version, len(bundles), entry.seats or "none")
+
+    def _builder(self, loaded: LoadedModule, spec: Any, child: ChildSpec) -> Callable[[], Awaitable[ChildSpec]]:
+        """Compiled code served from source is built by its toolchain into the state folder first."""
+        target = self.state_dir / "from-source" / loaded.module.name / spec.name
+
+        async def prepare() -> ChildSpec:
+            from toolchains.build import stage_bundle
+
+            def build() -> dict[str, str]:
+                work = target.with_name(target.name + ".building")
+                shutil.rmtree(work, ignore_errors=True)
+                work.mkdir(parents=True)
+                output = stage_bundle(loaded, spec, work, progress=lambda line: log.info("%s", line))
+                shutil.rmtree(target, ignore_errors=True)
+                work.rename(target)
+                return dict(output.env)
+
+            log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
+            build_env = await anyio.to_thread.run_sync(build)
+            env = dict(child.env)
+            for k, v in build_env.items():
+                env[k] = v.replace("{bundle_dir}", str(target))
+            env["MESH_BUNDLE_DIR"] = str(target)
+            return ChildSpec(
+                argv=resolve_argv(spec.entry, target), cwd=str(target), env=env, user=child.user, group=child.group
+            )
+
+        return prepare
 
     async def remove_module(self, name: str) -> None:
         entry = self.table.modules.get(name)

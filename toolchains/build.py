@@ -19,7 +19,7 @@ from typing import Callable
 from manifests import Bundle, LoadedModule, load_module
 
 from .artifact import INTERPRETERS, BundleMeta, pack, read_meta
-from .base import BuildContext, Toolchain
+from .base import BuildContext, BuildOutput, Toolchain
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
 
@@ -151,6 +151,34 @@ def _build_bundle(
         f"in {time.monotonic() - started:.1f} s"
     )
     return artifact
+
+
+def stage_bundle(
+    loaded: LoadedModule,
+    bundle: Bundle,
+    stage_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> BuildOutput:
+    """Build one bundle into `stage_dir` without packing: how a node runs compiled code from source."""
+    toolchain = get_toolchain(bundle.language)
+    toolchain.check()
+    language_cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / bundle.language
+    language_cache.mkdir(parents=True, exist_ok=True)
+    tag = f"[{loaded.module.name}/{bundle.name}]"
+    ctx = BuildContext(
+        module=loaded,
+        bundle=bundle,
+        source_dir=loaded.source_dir(bundle),
+        stage_dir=stage_dir,
+        cache_dir=language_cache,
+        repo_root=find_repo_root(loaded.root),
+        log=lambda line: progress(f"{tag} {line}"),
+    )
+    output = toolchain.build(ctx)
+    _check_entry(loaded.module.name, bundle, stage_dir)
+    return output
 
 
 def _check_entry(module: str, bundle: Bundle, stage_dir: Path) -> None:
