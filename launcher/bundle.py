@@ -158,6 +158,7 @@ class Bundle:
         self._failures = 0
         self._log_budget = _LogBudget(self.key)
         self._child_spec: ChildSpec | None = None if spec.prepare else spec.child
+        self.finished = asyncio.Event()  # run() has ended: its child is gone
 
     # --- calls ----------------------------------------------------------------------------
     async def call(self, tool_json: bytes, arguments: bytes, timeout_ms: int | None = None) -> msgspec.Raw:
@@ -216,6 +217,12 @@ class Bundle:
         self._wake.set()
         if self._child is not None and self._child.running:
             self._child.close_stdin()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most `timeout`) until no call is in flight on this bundle."""
+        with anyio.move_on_after(timeout):
+            while self._slots.used > 0:
+                await anyio.sleep(0.01)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -288,6 +295,7 @@ class Bundle:
                     self.restarts += 1
         finally:
             self._set_state("stopped")
+            self.finished.set()
 
     async def _prepare(self) -> bool:
         assert self.spec.prepare is not None

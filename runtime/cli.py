@@ -326,6 +326,59 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle_deliver(args: argparse.Namespace) -> int:
+    from .delivery import DeliveryError, deliver
+
+    cfg, found = _client_config(args)
+    node = args.node or found
+    if not node:
+        raise CliError("which node? name it with --node NAME")
+    paths = [Path(a) for a in args.artifacts]
+    for path in paths:
+        if not path.is_file():
+            raise CliError(f"{path}: no such artifact; build one with `meshctl bundle build MODULE_DIR --out DIR`")
+
+    async def run() -> None:
+        try:
+            nc = await connect(cfg, "meshctl", quiet=True)
+        except BusError as e:
+            raise CliError(str(e))
+        try:
+            await deliver(nc, paths, node, args.seat, progress=lambda line: print(line, flush=True))
+        except DeliveryError as e:
+            raise CliError(str(e), code=1)
+        finally:
+            await nc.close()
+
+    anyio.run(run)
+    return 0
+
+
+def cmd_bundle_remove(args: argparse.Namespace) -> int:
+    from .delivery import DeliveryError, remove
+
+    cfg, found = _client_config(args)
+    node = args.node or found
+    if not node:
+        raise CliError("which node? name it with --node NAME")
+
+    async def run() -> None:
+        try:
+            nc = await connect(cfg, "meshctl", quiet=True)
+        except BusError as e:
+            raise CliError(str(e))
+        try:
+            membership = await remove(nc, args.modules, node)
+        except DeliveryError as e:
+            raise CliError(str(e), code=1)
+        finally:
+            await nc.close()
+        print(f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}")
+
+    anyio.run(run)
+    return 0
+
+
 # --- the parser -----------------------------------------------------------------------------
 def _table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -390,6 +443,17 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("modules", nargs="+", metavar="MODULE_DIR")
     build.add_argument("--out", default="out", help="where the .tar.gz artifacts go (default ./out)")
     build.set_defaults(func=cmd_bundle_build)
+    deliver = bundle_verbs.add_parser("deliver", help="put artifacts on the bus and make a node a member of their modules")
+    deliver.add_argument("artifacts", nargs="+", metavar="ARTIFACT")
+    deliver.add_argument("--node", help="the node that runs them (default: the local one)")
+    deliver.add_argument("--seat", action="append", help="hold only these seats (default: every seat the module declares)")
+    _bus_options(deliver)
+    deliver.set_defaults(func=cmd_bundle_deliver)
+    remove = bundle_verbs.add_parser("remove", help="end a node's membership of modules: it stops their bundles")
+    remove.add_argument("modules", nargs="+", metavar="MODULE")
+    remove.add_argument("--node", help="the node (default: the local one)")
+    _bus_options(remove)
+    remove.set_defaults(func=cmd_bundle_remove)
     return p
 
 

@@ -76,6 +76,8 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     child_user: str | None = None
     child_group: str | None = None
     queue_group: str = "mesh"
+    # Watch this node's membership in JetStream KV and run what is delivered to it.
+    membership: bool = True
     # How long a graceful stop waits for calls in flight before it stops the children.
     drain_timeout_s: float = 30.0
     nats: NatsConfig = msgspec.field(default_factory=NatsConfig)

@@ -31,6 +31,7 @@ from manifests import LoadedModule, ManifestError, find_modules, load_module
 
 from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
 from .config import NodeConfig
+from .delivery import Reconciler
 from .dispatch import Dispatcher
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, Route, RouteTable
 from .service import SERVICE_NAME, Service
@@ -90,6 +91,7 @@ class Node:
         self.state_dir = Path(config.state_dir)
         self.table = RouteTable(self.name)
         self.problems: list[str] = []
+        self.delivery_problems: dict[str, str] = {}
         self.seats: dict[str, SeatStatus] = {}
         self.sources: dict[str, str] = {}
         self.url = ""
@@ -161,6 +163,11 @@ class Node:
                 await self._start_control()
                 for placement in placements:
                     await self.add_module(placement)
+                if self.config.membership:
+                    reconciler = Reconciler(
+                        self.nc, self.name, self.state_dir, self.add_module, self.remove_module, self._delivery_report
+                    )
+                    requests_tg.start_soon(reconciler.run)
                 log.info(
                     "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                     "`meshctl call tool.<module>.<tool> '{...}'`",
@@ -183,64 +190,81 @@ class Node:
 
     # --- modules --------------------------------------------------------------------------
     async def add_module(self, placement: Placement) -> None:
+        """Serve a module; a module already served is upgraded in place, its calls ridden over."""
         module = placement.loaded.module
-        if module.name in self.table.modules:
-            raise ValueError(f"module {module.name} is already served")
-        bundles = []
-        for spec in module.tools_bundles():
-            bundle_dir = placement.dirs[spec.name]
-            data_dir = self.state_dir / "data" / module.name
-            data_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                argv = resolve_argv(spec.entry, bundle_dir)
-            except Exception as e:
-                # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
-                log.error("bundle %s/%s: %s", module.name, spec.name, e)
-                argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
-            env = child_env(
-                node=self.name,
-                module=module.name,
-                bundle=spec.name,
-                bundle_dir=bundle_dir,
-                data_dir=data_dir,
-                manifest_env=spec.env,
-                pass_env=spec.pass_env,
-                build_env=placement.build_env.get(spec.name),
-            )
-            env[MARKER_VAR] = self.run_id
-            child = ChildSpec(
-                argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
-            )
-            prepare = None
-            if placement.from_source and spec.language not in RUN_FROM_SOURCE:
-                prepare = self._builder(placement.loaded, spec, child)
-            bundles.append(
-                Bundle(
-                    BundleSpec(
-                        module=module.name,
-                        name=spec.name,
-                        language=spec.language,
-                        child=child,
-                        timeout_ms=spec.timeout_ms,
-                        max_in_flight=spec.max_in_flight,
-                        restart=self.config.restart.policy(),
-                        health=self.config.health.policy(),
-                        prepare=prepare,
-                    ),
-                    on_tools=self._tools_changed,
-                    reaper=self.reaper,
-                )
-            )
+        old = self.table.modules.get(module.name)
+        bundles = [self._bundle(placement, spec) for spec in module.tools_bundles()]
         entry = ModuleEntry(module.name, module.version, bundles)
+        if old is not None:
+            self._release_seats(old)
         self.table.modules[module.name] = entry
         self.sources[module.name] = str(placement.loaded.root)
         wanted = module.seat_names() if placement.seats is None else placement.seats
         for seat in wanted:
             await self._claim_seat(entry, seat, stateless=any(s.stateless for s in module.seat if s.name == seat))
+        for seat in old.seats if old is not None else []:
+            if seat not in entry.seats:
+                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
         await self._subscribe(f"{TOOL_PREFIX}{module.name}.>")
         for bundle in bundles:
             self._bundles_tg.start_soon(bundle.run)
+        self.table.rebuild()
         log.info("module %s %s: %d tools bundles, seats held: %s", module.name, module.version, len(bundles), entry.seats or "none")
+        if old is not None:
+            # The old version answers what it holds, then goes; new calls already wait for the new one.
+            for bundle in old.bundles:
+                await bundle.drain(self.config.drain_timeout_s)
+                await bundle.stop()
+                await bundle.finished.wait()
+
+    def _bundle(self, placement: Placement, spec: Any) -> Bundle:
+        module = placement.loaded.module
+        bundle_dir = placement.dirs[spec.name]
+        data_dir = self.state_dir / "data" / module.name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            argv = resolve_argv(spec.entry, bundle_dir)
+        except Exception as e:
+            # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
+            log.error("bundle %s/%s: %s", module.name, spec.name, e)
+            argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
+        env = child_env(
+            node=self.name,
+            module=module.name,
+            bundle=spec.name,
+            bundle_dir=bundle_dir,
+            data_dir=data_dir,
+            manifest_env=spec.env,
+            pass_env=spec.pass_env,
+            build_env=placement.build_env.get(spec.name),
+        )
+        env[MARKER_VAR] = self.run_id
+        child = ChildSpec(
+            argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
+        )
+        prepare = None
+        if placement.from_source and spec.language not in RUN_FROM_SOURCE:
+            prepare = self._builder(placement.loaded, spec, child)
+        return Bundle(
+            BundleSpec(
+                module=module.name,
+                name=spec.name,
+                language=spec.language,
+                child=child,
+                timeout_ms=spec.timeout_ms,
+                max_in_flight=spec.max_in_flight,
+                restart=self.config.restart.policy(),
+                health=self.config.health.policy(),
+                prepare=prepare,
+            ),
+            on_tools=self._tools_changed,
+            reaper=self.reaper,
+        )
+
+    def _release_seats(self, entry: ModuleEntry) -> None:
+        for seat in entry.seats:
+            self.table.seat_holders.pop(seat, None)
+            self.seats.pop(seat, None)
 
     def _builder(self, loaded: LoadedModule, spec: Any, child: ChildSpec) -> Callable[[], Awaitable[ChildSpec]]:
         """Compiled code served from source is built by its toolchain into the state folder first."""
@@ -277,12 +301,13 @@ class Node:
         await self._unsubscribe(f"{TOOL_PREFIX}{name}.>")
         for seat in entry.seats:
             await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
-            self.table.seat_holders.pop(seat, None)
-            self.seats.pop(seat, None)
+        self._release_seats(entry)
         del self.table.modules[name]
         self.table.rebuild()
         for bundle in entry.bundles:
+            await bundle.drain(self.config.drain_timeout_s)
             await bundle.stop()
+            await bundle.finished.wait()
         self.sources.pop(name, None)
 
     async def _claim_seat(self, entry: ModuleEntry, seat: str, stateless: bool) -> None:
@@ -332,12 +357,20 @@ class Node:
             await sub.unsubscribe()
         return None
 
+    def _delivery_report(self, module: str, problem: str | None) -> None:
+        if problem is None:
+            self.delivery_problems.pop(module, None)
+        else:
+            self.delivery_problems[module] = problem
+
     def _tools_changed(self, bundle: Bundle) -> None:
         self.table.rebuild()
 
     # --- subscriptions --------------------------------------------------------------------
     async def _subscribe(self, subject: str) -> None:
         assert self.nc is not None
+        if subject in self._subs:
+            return
         self._subs[subject] = await self.nc.subscribe(subject, queue=self.config.queue_group, cb=self._on_request)
 
     async def _unsubscribe(self, subject: str) -> None:
@@ -373,7 +406,7 @@ class Node:
             modules=[ModuleStatus(m.name, m.version, self.sources.get(m.name, "")) for m in self.table.modules.values()],
             bundles=bundles,
             seats=list(self.seats.values()),
-            problems=list(self.problems),
+            problems=list(self.problems) + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()],
             in_flight=self.dispatcher.in_flight if self.dispatcher else 0,
             answered=self.dispatcher.answered if self.dispatcher else 0,
         )

@@ -52,6 +52,8 @@ class BundleMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     files: dict[str, str] = {}  # bundle-relative path -> sha256 hex, every regular file
     links: dict[str, str] = {}  # bundle-relative path -> relative target inside the bundle
     exec: list[str] = []  # files unpacked with mode 0755 (others 0644), sorted
+    # The module's module.toml as it was built: timeouts, env, seats travel with the bundle.
+    manifest: str = ""
 
 
 class ArtifactError(Exception):

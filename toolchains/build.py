@@ -143,6 +143,7 @@ def _build_bundle(
             env=dict(output.env),
             os=output.os,
             arch=output.arch,
+            manifest=loaded.path.read_text("utf-8"),
         )
         artifact = pack(stage_dir, meta, out_dir)
     files = len(read_meta(artifact).files)

@@ -42,6 +42,8 @@ TOOLS = [
     {"name": "env", "description": "The child's environment", "inputSchema": {"type": "object"}},
     {"name": "fail", "description": "A tool error", "inputSchema": {"type": "object"}},
     {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
+    {"name": "remember", "description": "Store or read a value in MESH_DATA_DIR", "inputSchema": {"type": "object"}},
+    {"name": "version", "description": "RAW_VERSION of this child", "inputSchema": {"type": "object"}},
 ]
 
 
@@ -87,6 +89,17 @@ def call(rid: object, name: str, args: dict) -> None:
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(str(os.getpid()), {"pid": os.getpid()})})
     elif name == "env":
         send({"jsonrpc": "2.0", "id": rid, "result": text_result("env", dict(os.environ))})
+    elif name == "remember":
+        path = os.path.join(os.environ["MESH_DATA_DIR"], "store.json")
+        store = json.load(open(path)) if os.path.exists(path) else {}
+        if "key" in args and "value" in args:
+            store[args["key"]] = args["value"]
+            with open(path, "w") as f:
+                json.dump(store, f)
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("ok", store)})
+    elif name == "version":
+        v = os.environ.get("RAW_VERSION", "")
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result(v, {"version": v})})
     elif name == "fail":
         send({"jsonrpc": "2.0", "id": rid, "result": text_result("it failed on purpose", is_error=True)})
     else:

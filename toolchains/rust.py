@@ -1,0 +1,238 @@
+"""The Rust toolchain: `cargo build --release --locked` of the bundle's binary crate.
+
+The binary is the whole bundle: it goes to `<stage>/<entry[0]>` (e.g. `bin/hello-rust`), and
+the cargo binary target it comes from is named like the entry's last part.
+
+The build is reproducible, wherever the checkout and the cache are:
+- Cargo hashes a path dependency that lies outside the workspace by its absolute path, and that
+  hash reaches symbol names and so the layout of the binary. So the bundle and its path
+  dependencies (the SDK, `../../../sdk/rust`) are mirrored into a scratch workspace under the
+  cache, keeping their relative places, with a generated workspace root above them: every path
+  is then inside the workspace and hashed relative to it.
+- `--remap-path-prefix` maps the scratch workspace, the cargo home (crates.io sources) and the
+  target folder to fixed names, so no build path is left in panic messages.
+- Symbols are stripped, and `--locked` builds the committed Cargo.lock as it is.
+The same source, lock file and Rust version give the same bytes. Nothing is written into the
+source tree: the copy and cargo's target folder both live under the cache.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path, PurePosixPath
+
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+
+LANGUAGE = "rust"
+INSTALL_HINT = (
+    "install Rust 1.88 or newer with rustup (https://rustup.rs: `curl https://sh.rustup.rs -sSf | sh`), "
+    "or `apt-get install cargo` where Debian's Rust is new enough"
+)
+MIN_RUST = (1, 88)  # rmcp, the MCP library the SDK wraps, needs it
+ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
+# Two cores on the project's machines: more jobs only add memory pressure.
+JOBS = max(1, min(2, os.cpu_count() or 1))
+BUILD_TIMEOUT_S = 1800  # a cold crates download plus a cold release build on a small machine
+OUTPUT_TAIL_LINES = 40
+
+
+class RustToolchain:
+    language = LANGUAGE
+
+    def check(self) -> None:
+        self._tools()
+
+    def build(self, ctx: BuildContext) -> BuildOutput:
+        cargo, host = self._tools()
+        source = ctx.source_dir.resolve()
+        name = _binary_name(ctx)
+        for needed, why in (("Cargo.toml", "a Rust bundle's source is a cargo package with a binary target"),
+                            ("Cargo.lock", "commit the lock file (`cargo generate-lockfile`) so builds are repeatable")):
+            if not (source / needed).is_file():
+                raise BuildFailed(LANGUAGE, ctx.bundle.name, [cargo, "build"], f"{source} has no {needed}; {why}")
+        arch = ARCHES.get(host.split("-")[0])
+        if arch is None or "-linux" not in host:
+            raise BuildFailed(LANGUAGE, ctx.bundle.name, [cargo, "build"],
+                              f"rustc builds for {host}; bundles run on linux amd64 or arm64 nodes")
+
+        # Each bundle has its own scratch workspace and target folder: builds of different
+        # bundles then neither clash nor invalidate each other's compiled dependencies.
+        home = (ctx.cache_dir / ctx.module.module.name / ctx.bundle.name).resolve()
+        home.mkdir(parents=True, exist_ok=True)
+        with open(home / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build of this bundle at a time shares the scratch copy
+            workspace, package = _mirror(ctx, source, home / "workspace")
+            target = home / "target"
+            env = _build_env(cargo, workspace, target)
+            command = [cargo, "build", "--release", "--locked", "--bin", name, "-j", str(JOBS), "--color", "never"]
+            ctx.log(f"rust: building bundle {ctx.bundle.name!r} -> {ctx.bundle.entry[0]} (linux/{arch})")
+            _run(ctx, command, package, env)
+            built = target / "release" / name
+            if not built.is_file():
+                raise BuildFailed(LANGUAGE, ctx.bundle.name, command, f"cargo reported success but wrote no {built}")
+            output = ctx.stage_dir / ctx.bundle.entry[0]
+            output.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, output)  # contents only: no timestamps or owner carried over
+        output.chmod(0o755)
+        return BuildOutput(os="linux", arch=arch)
+
+    def _tools(self) -> tuple[str, str]:
+        """cargo's path and rustc's host triple; ToolchainMissing when either is absent or too old."""
+        cargo = _find("cargo")
+        rustc = _find("rustc")
+        if cargo is None:
+            raise ToolchainMissing(LANGUAGE, "cargo", INSTALL_HINT)
+        if rustc is None:
+            raise ToolchainMissing(LANGUAGE, "rustc", INSTALL_HINT)
+        if shutil.which("cc") is None:  # rustc links through the system C compiler
+            raise ToolchainMissing(LANGUAGE, "cc (the linker rustc uses)", "apt-get install gcc")
+        try:
+            info = subprocess.run([rustc, "-vV"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            info = ""
+        release = re.search(r"^release: (\d+)\.(\d+)", info, re.M)
+        host = re.search(r"^host: (\S+)", info, re.M)
+        if release is None or host is None:
+            raise ToolchainMissing(LANGUAGE, "a working rustc (`rustc -vV` failed)", INSTALL_HINT)
+        if (int(release[1]), int(release[2])) < MIN_RUST:
+            found = f"{release[1]}.{release[2]}"
+            raise ToolchainMissing(LANGUAGE, f"rustc {MIN_RUST[0]}.{MIN_RUST[1]}+ (found {found})",
+                                   "`rustup update stable`, or " + INSTALL_HINT)
+        return cargo, host[1]
+
+
+def _cargo_home() -> Path:
+    return Path(os.environ.get("CARGO_HOME") or Path.home() / ".cargo").resolve()
+
+
+def _find(tool: str) -> str | None:
+    """`tool` on PATH, else in cargo's home: rustup installs there and not every shell has it on PATH."""
+    found = shutil.which(tool)
+    if found is None:
+        candidate = _cargo_home() / "bin" / tool
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            found = str(candidate)
+    return found
+
+
+def _binary_name(ctx: BuildContext) -> str:
+    """The cargo binary target: the last part of entry[0], which names where the binary goes."""
+    entry = PurePosixPath(ctx.bundle.entry[0])
+    if entry.is_absolute() or ".." in entry.parts or entry.name in ("", "."):
+        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
+                          f"entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, "
+                          f"e.g. \"bin/{ctx.module.module.name}\"")
+    return entry.name
+
+
+def _path_packages(ctx: BuildContext, package: Path) -> list[Path]:
+    """`package` and every package it reaches through `path = ...` dependencies, resolved."""
+    found: list[Path] = []
+    todo = [package]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.append(current)
+        try:
+            manifest = tomllib.loads((current / "Cargo.toml").read_text("utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
+                              f"cannot read {current / 'Cargo.toml'}: {e}") from None
+        tables = [manifest] + list(manifest.get("target", {}).values())
+        for table in tables:
+            for kind in ("dependencies", "build-dependencies", "dev-dependencies"):
+                for spec in table.get(kind, {}).values():
+                    if isinstance(spec, dict) and isinstance(spec.get("path"), str):
+                        todo.append((current / spec["path"]).resolve())
+    return found
+
+
+def _mirror(ctx: BuildContext, source: Path, workspace: Path) -> tuple[Path, Path]:
+    """Copy the bundle and its path dependencies under `workspace`, keeping their relative
+    places, and write a workspace root there; return (workspace, the bundle's copy)."""
+    manifest = tomllib.loads((source / "Cargo.toml").read_text("utf-8"))
+    if "workspace" in manifest:
+        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
+                          f"{source / 'Cargo.toml'} declares a [workspace]; a Rust bundle is one package: remove it")
+    packages = _path_packages(ctx, source)
+    base = Path(os.path.commonpath(packages))
+    if workspace.exists():
+        shutil.rmtree(workspace)
+    for package in packages:
+        if not (package / "Cargo.toml").is_file():
+            raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
+                              f"path dependency {package} has no Cargo.toml")
+        # copy2 keeps modification times, so cargo does not recompile what did not change.
+        shutil.copytree(package, workspace / package.relative_to(base), dirs_exist_ok=True,
+                        ignore=lambda folder, names, top=package: _skipped(Path(folder), names, top))
+    member = source.relative_to(base).as_posix()
+    # Path dependencies stay out of the membership, as in the bundle's own workspace, so the
+    # committed Cargo.lock (which lists no dev-dependencies of theirs) fits as it is.
+    others = sorted(p.relative_to(base).as_posix() for p in packages if p != source)
+    edition = manifest.get("package", {}).get("edition", "2015")
+    resolver = {"2024": "3", "2021": "2"}.get(edition, "1")
+    root = {
+        "workspace": {"members": [member], "exclude": others, "resolver": resolver},
+        # Profiles count only at the workspace root: carry the bundle's own over.
+        **({"profile": manifest["profile"]} if "profile" in manifest else {}),
+    }
+    (workspace / "Cargo.toml").write_text("".join(f"{_toml(k)} = {_toml(v)}\n" for k, v in root.items()))
+    shutil.copy2(source / "Cargo.lock", workspace / "Cargo.lock")
+    return workspace, workspace / member
+
+
+def _skipped(folder: Path, names: list[str], package: Path) -> list[str]:
+    """What not to copy: build output and VCS data at a package's top."""
+    return [n for n in names if folder == package and n in ("target", ".git")]
+
+
+def _toml(value: object) -> str:
+    """A TOML value (inline tables for dicts); the few types a Cargo profile holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _build_env(cargo: str, workspace: Path, target: Path) -> dict[str, str]:
+    remaps = [(_cargo_home(), "/cargo"), (workspace, "/mesh"), (target, "/target")]
+    flags = [f"--remap-path-prefix={path}={name}" for path, name in remaps]
+    env = {k: v for k, v in os.environ.items() if k not in ("RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS")}
+    env.update(
+        # The encoded form takes paths with spaces; it also overrides any RUSTFLAGS around.
+        CARGO_ENCODED_RUSTFLAGS="\x1f".join(flags),
+        CARGO_TARGET_DIR=str(target),
+        CARGO_PROFILE_RELEASE_STRIP="symbols",  # whatever the bundle's own profile says
+        CARGO_TERM_PROGRESS_WHEN="never",
+        PATH=os.pathsep.join([str(Path(cargo).parent), env.get("PATH", os.defpath)]),
+    )
+    return env
+
+
+def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) -> None:
+    try:
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s") from None
+    except FileNotFoundError:
+        raise ToolchainMissing(LANGUAGE, "cargo", INSTALL_HINT) from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
+        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, tail)
+
+
+TOOLCHAIN = RustToolchain()
