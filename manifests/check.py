@@ -7,6 +7,7 @@ image of third-party software is allowed.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .load import LoadedModule, ManifestError, Problem, load_module
@@ -33,7 +34,8 @@ def _repository(ref: str) -> str:
 
 def is_runtime_image(ref: str, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> bool:
     repo = _repository(ref)
-    return any(repo == r or repo.endswith("/" + r) for r in runtime_images)
+    # Normalise the given names too: `--runtime-image ghcr.io/acme/node:2` must still match its repository.
+    return any(repo == r or repo.endswith("/" + r) for r in map(_repository, runtime_images))
 
 
 def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> list[Problem]:
@@ -44,7 +46,10 @@ def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME
             continue
         where = f"artifact[{i}]"
         if artifact.build is not None:
-            context = (loaded.root / artifact.build).resolve()
+            try:
+                context = (loaded.root / artifact.build).resolve()
+            except (OSError, RuntimeError):  # a symlink loop (Python 3.11): judge the path as written
+                context = Path(os.path.normpath(loaded.root / artifact.build))
             if context == loaded.root or loaded.root in context.parents:
                 problems.append(
                     Problem(file, f"{where}.build", f"the image is built from the module's own folder ({artifact.build!r}); {RULE}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,8 @@ def load_module(path: Path | str) -> LoadedModule:
         raise ManifestError([Problem(shown, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")])
     except tomllib.TOMLDecodeError as e:
         raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")])
+    except RecursionError:  # tomllib recurses per nested array or table; a manifest never nests this deep
+        raise ManifestError([Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")])
     problems = _Validator(shown, file.parent.resolve()).module(data)
     if problems:
         raise ManifestError(problems)
@@ -107,7 +111,7 @@ class _Validator:
         known = set(Module.__struct_fields__)
         for key in data:
             if key not in known:
-                self.add(key, f"unknown field; a module has {', '.join(sorted(known))}")
+                self.add(_key(key), f"unknown field; a module has {', '.join(sorted(known))}")
         self.name("name", data.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"hello\"")
         version = data.get("version")
         if not isinstance(version, str) or not version or not set(version) <= VERSION_CHARS:
@@ -154,7 +158,7 @@ class _Validator:
         known = set(struct.__struct_fields__)
         for key in table:
             if key not in known:
-                self.add(f"{where}.{key}", f"unknown field; allowed: {', '.join(sorted(known))}")
+                self.add(f"{where}.{_key(key)}", f"unknown field; allowed: {', '.join(sorted(known))}")
 
     def name(self, field: str, value: Any, pattern: Any, right: str) -> bool:
         if value is None:
@@ -176,7 +180,7 @@ class _Validator:
             self.add(f"{where}.language", f"is {_shown(language)}; write one of {', '.join(LANGUAGES)}")
         source = b.get("source")
         if not isinstance(source, str) or not source:
-            self.add(f"{where}.source", "is missing; write the folder of the bundle's code, relative to module.toml")
+            self.add(f"{where}.source", f"is {_shown(source)}; write the folder of the bundle's code, relative to module.toml")
         else:
             self.inside(f"{where}.source", source)
         entry = b.get("entry")
@@ -184,15 +188,17 @@ class _Validator:
             self.add(f"{where}.entry", "is missing; write the argv to run, e.g. [\"node\", \"dist/main.js\"]")
         elif not isinstance(entry, list) or not entry or not all(isinstance(x, str) and x for x in entry):
             self.add(f"{where}.entry", f"is {_shown(entry)}; write a non-empty list of strings")
+        elif any("\0" in x for x in entry):  # exec refuses NUL in argv; say so now, not at launch
+            self.add(f"{where}.entry", "contains a NUL character; write plain argv strings")
         elif entry[0].startswith("/") or ".." in Path(entry[0]).parts:
             self.add(f"{where}.entry", f"{entry[0]!r} is outside the bundle; name a program inside it or an interpreter")
         env = b.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-            self.add(f"{where}.env", "must be a table of strings, e.g. { LOG_LEVEL = \"info\" }")
+        if not isinstance(env, dict) or not all(isinstance(v, str) and "\0" not in v for v in env.values()):
+            self.add(f"{where}.env", "must be a table of strings (no NUL), e.g. { LOG_LEVEL = \"info\" }")
         else:
             for k in env:
                 if not ENV_NAME_RE.match(k) or k.startswith("MESH_"):
-                    self.add(f"{where}.env.{k}", "is not a usable variable name (letters, digits, _; MESH_ is the runtime's)")
+                    self.add(f"{where}.env.{_key(k)}", "is not a usable variable name (letters, digits, _; MESH_ is the runtime's)")
         pass_env = b.get("pass_env", [])
         if not isinstance(pass_env, list) or not all(isinstance(x, str) and ENV_NAME_RE.match(x) for x in pass_env):
             self.add(f"{where}.pass_env", "must be a list of environment variable names")
@@ -204,11 +210,18 @@ class _Validator:
         return b.get("name") if ok else None
 
     def inside(self, field: str, rel: str) -> bool:
+        if "\0" in rel:  # the OS refuses such a path (resolve() would raise ValueError)
+            self.add(field, f"{_shown(rel)} contains a NUL character; write a plain relative path")
+            return False
         path = Path(rel)
         if path.is_absolute():
             self.add(field, f"{rel!r} is absolute; write a path relative to module.toml, inside the module")
             return False
-        resolved = (self.root / path).resolve()
+        try:
+            resolved = (self.root / path).resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
+            self.add(field, f"{rel!r} cannot be resolved (a symlink loop?); write a path to a real folder inside the module")
+            return False
         if resolved != self.root and self.root not in resolved.parents:
             self.add(field, f"{rel!r} escapes the module folder; write a path inside it")
             return False
@@ -222,12 +235,20 @@ class _Validator:
         ref, build = a.get("ref", ""), a.get("build")
         if not isinstance(ref, str):
             self.add(f"{where}.ref", "must be a string such as \"docker.io/library/postgres:16\"")
-        if build is not None and not isinstance(build, str):
+        if build is not None and (not isinstance(build, str) or "\0" in build):
             self.add(f"{where}.build", "must be a path string")
         if not ref and build is None:
             self.add(f"{where}.ref", "is missing; name the third-party artifact, e.g. \"docker.io/library/postgres:16\"")
         if "base" in a and not isinstance(a["base"], str):
             self.add(f"{where}.base", "must be an image reference string")
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(key: str) -> str:
+    """A key as TOML would write it, quoted when not bare, so a problem stays one line."""
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
 
 
 def _shown(value: Any) -> str:

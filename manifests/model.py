@@ -11,10 +11,11 @@ from typing import Literal
 
 import msgspec
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# `\Z`, not `$`: `$` also matches before a trailing newline, so "hello\n" would pass as a name.
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
 # Tool names as MCP allows them; a `<seat>.<verb>` name has exactly one dot.
-SEAT_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEAT_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Kind = Literal["tools", "service", "step"]
 Language = Literal["python", "typescript", "go", "rust", "c"]

@@ -379,6 +379,20 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from toolchains.build import find_repo_root
+
+    from .smoke import run_smoke
+
+    bundles = Path(args.bundles) if args.bundles else None
+    if bundles is None:
+        root = find_repo_root(Path.cwd()) or find_repo_root(Path(__file__).resolve().parent)
+        if root is None:
+            raise CliError("where are the hello bundles? name the folder with --bundles DIR")
+        bundles = root / "bundles"
+    return run_smoke(bundles, args.timeout, args.keep)
+
+
 # --- the parser -----------------------------------------------------------------------------
 def _table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -454,6 +468,11 @@ def parser() -> argparse.ArgumentParser:
     remove.add_argument("--node", help="the node (default: the local one)")
     _bus_options(remove)
     remove.set_defaults(func=cmd_bundle_remove)
+    smoke = verbs.add_parser("smoke", help="build, deliver and call every hello-<language> bundle on a fresh local node")
+    smoke.add_argument("--bundles", metavar="DIR", help="where the hello-* modules are (default: this checkout's bundles/)")
+    smoke.add_argument("--timeout", type=float, default=180.0, help="seconds for every tool to answer")
+    smoke.add_argument("--keep", action="store_true", help="keep the work folder (artifacts, node state and log)")
+    smoke.set_defaults(func=cmd_smoke)
     return p
 
 

@@ -1,0 +1,153 @@
+"""`meshctl smoke`: the live check of record 0188 on one machine.
+
+Start a node on its own embedded bus, build every `hello-<language>` bundle with its toolchain,
+deliver the artifacts to the node over JetStream, call each one's tool over the bus, print a
+table (language, tool, answer, latency). Exit 0 only if every one answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from manifests import load_module
+
+from .bus import read_bus_info
+from .config import NatsConfig
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _call_until(nc, subject: str, args: bytes, deadline: float) -> tuple[bytes | None, str]:
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            msg = await nc.request(subject, args, timeout=5)
+        except Exception as e:  # no responders until the node has unpacked and started it
+            last = type(e).__name__
+            await asyncio.sleep(0.2)
+            continue
+        if msg.headers and "Nats-Service-Error-Code" in msg.headers:
+            last = f"{msg.headers['Nats-Service-Error-Code']} {msg.headers.get('Nats-Service-Error', '')}"
+            if msg.headers["Nats-Service-Error-Code"] in ("400", "404", "413"):
+                return None, last
+            await asyncio.sleep(0.2)
+            continue
+        return msg.data, ""
+    return None, last
+
+
+def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
+    from toolchains.base import BuildFailed, ToolchainMissing
+    from toolchains.build import build_module
+
+    modules = sorted(p for p in bundles_dir.glob("hello-*") if (p / "module.toml").is_file())
+    if not modules:
+        _print(f"smoke: no hello-* modules under {bundles_dir}")
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="mesh-smoke-"))
+    out = work / "out"
+    artifacts: dict[str, list[Path]] = {}
+    failures: dict[str, str] = {}
+    _print(f"smoke: building {len(modules)} modules into {out}")
+    for module_dir in modules:
+        name = module_dir.name
+        try:
+            artifacts[name] = build_module(module_dir, out, progress=lambda line: _print(f"  {line}"))
+        except (ToolchainMissing, BuildFailed) as e:
+            failures[name] = f"build failed: {str(e).splitlines()[0]}"
+        except Exception as e:  # any other build error is this module's, reported in the table
+            failures[name] = f"build failed: {type(e).__name__}: {e}"
+    node_name = f"smoke-{os.getpid()}"
+    state = work / "state"
+    log_path = work / "node.log"
+    argv = [sys.executable, "-m", "runtime.cli", "node", "run", "--name", node_name, "--state-dir", str(state),
+            "--embedded-port", "0"]
+    _print(f"smoke: starting node {node_name} on an embedded bus (log: {log_path})")
+    node = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+    try:
+        return asyncio.run(_deliver_and_call(node, node_name, state, modules, artifacts, failures, timeout))
+    finally:
+        if node.poll() is None:
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        if not keep and not failures:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            _print(f"smoke: kept {work}")
+
+
+async def _deliver_and_call(node, node_name: str, state: Path, modules: list[Path], artifacts: dict[str, list[Path]],
+                            failures: dict[str, str], timeout: float) -> int:
+    from .bus import connect
+    from .delivery import deliver
+
+    deadline = time.monotonic() + 30
+    info = None
+    while time.monotonic() < deadline and info is None:
+        if node.poll() is not None:
+            _print(f"smoke: the node exited with {node.returncode}")
+            return 1
+        info = read_bus_info(state)
+        await asyncio.sleep(0.1)
+    if info is None:
+        _print("smoke: the node did not come up within 30 s")
+        return 1
+    nc = await connect(msgspec.structs.replace(NatsConfig(), url=info.url), "meshctl-smoke", quiet=True)
+    try:
+        paths = [p for name in sorted(artifacts) for p in artifacts[name]]
+        await deliver(nc, paths, node_name, None, progress=lambda line: _print(f"  {line}"))
+        rows = [("LANGUAGE", "MODULE", "TOOL", "ANSWER", "LATENCY")]
+        ok = True
+        call_deadline = time.monotonic() + timeout
+        for module_dir in modules:
+            name = module_dir.name
+            loaded = load_module(module_dir)
+            language = ",".join(sorted({b.language for b in loaded.module.tools_bundles()}))
+            subject = f"mesh.tool.{name}.greet"
+            if name in failures:
+                rows.append((language, name, "greet", failures[name], "-"))
+                ok = False
+                continue
+            body, why = await _call_until(nc, subject, b'{"name":"mesh"}', call_deadline)
+            if body is None:
+                rows.append((language, name, "greet", f"NO ANSWER: {why}", "-"))
+                ok = False
+                continue
+            times = []
+            for _ in range(20):
+                started = time.perf_counter()
+                await nc.request(subject, b'{"name":"mesh"}', timeout=5)
+                times.append(time.perf_counter() - started)
+            result = json.loads(body)
+            text = " ".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
+            if result.get("isError"):
+                ok = False
+                text = "ERROR: " + text
+            rows.append((language, name, "greet", text[:60], f"{statistics.median(times) * 1e3:.2f} ms"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        _print("")
+        for r in rows:
+            _print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        _print("")
+        _print("smoke: " + ("every tool answered" if ok else "NOT every tool answered"))
+        return 0 if ok else 1
+    finally:
+        await nc.close()
