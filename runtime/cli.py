@@ -429,6 +429,27 @@ def parser() -> argparse.ArgumentParser:
     _bus_options(restart)
     restart.set_defaults(func=cmd_node_restart)
 
+    from .units import SYSTEM_STATE_DIR, cmd_node_unit, cmd_node_units
+
+    unit = node_verbs.add_parser("unit", help="the node's own systemd unit (mesh-node.service)")
+    unit.add_argument("--config", metavar="FILE", help="the node's TOML config file, passed on to `node run`")
+    unit.add_argument("--manifests", metavar="DIR", help="serve every module folder under DIR, from source")
+    unit.add_argument("--name", help="the node's name (default: from --config, else the host name at run time)")
+    unit.add_argument("--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})")
+    unit.add_argument("--user", help="run the node as this user (default root)")
+    unit.add_argument("--meshctl", metavar="PATH", help="the meshctl to run (default: this one)")
+    unit.add_argument("--out", metavar="DIR", help="write DIR/mesh-node.service (e.g. /etc/systemd/system) instead of printing it")
+    unit.set_defaults(func=cmd_node_unit)
+
+    units = node_verbs.add_parser("units", help="a systemd unit per bundle of kind service (record 0188)")
+    units.add_argument("--out", metavar="DIR", required=True, help="where the mesh-<module>-<bundle>.service files go")
+    units.add_argument("--manifests", metavar="DIR", help="the module folders (default: `manifests` of --config)")
+    units.add_argument("--config", metavar="FILE", help="the node's TOML config file (name, state_dir, manifests)")
+    units.add_argument("--name", help="the node's name, given to services as MESH_NODE (default: the host name)")
+    units.add_argument("--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})")
+    units.add_argument("--user", help="run the services as this user (default root)")
+    units.set_defaults(func=cmd_node_units)
+
     call = verbs.add_parser("call", help="call a tool: tool.<module>.<tool> or seat.<seat>.<verb>")
     call.add_argument("target")
     call.add_argument("arguments", nargs="?", help="the arguments as a JSON object ('-' reads stdin)")

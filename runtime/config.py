@@ -94,7 +94,12 @@ def default_state_dir() -> Path:
     if base:
         return Path(base)
     xdg = os.environ.get("XDG_STATE_HOME")
-    return Path(xdg) / "mesh-node" if xdg else Path.home() / ".local" / "state" / "mesh-node"
+    user = Path(xdg) / "mesh-node" if xdg else Path.home() / ".local" / "state" / "mesh-node"
+    # A node run by systemd keeps its state in /var/lib; meshctl finds it there too.
+    system = Path("/var/lib/mesh-node")
+    if not user.exists() and (system / "bus.json").exists():
+        return system
+    return user
 
 
 def load_config(path: str | Path | None) -> NodeConfig:

@@ -92,13 +92,17 @@ class Dispatcher:
         subject = route.subject
         if not data:
             data = _EMPTY
+            if route.checker is not None and (problem := route.checker.problem({})) is not None:
+                raise BadRequest(subject, problem[1], field=problem[0])
         else:
             try:
-                _check_object(data)
+                args = _check_object(data)
             except msgspec.ValidationError:
                 raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
             except msgspec.DecodeError as e:
                 raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object")
+            if route.checker is not None and (problem := route.checker.problem(args)) is not None:
+                raise BadRequest(subject, problem[1], field=problem[0])
         result = await route.bundle.call(route.tool_json, data)
         if len(result) > self.max_payload:
             raise TooLarge(subject, f"the result of {route.tool}", len(result), self.max_payload)

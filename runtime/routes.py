@@ -16,6 +16,7 @@ from launcher.bundle import Bundle
 from launcher.session import Tool
 
 from .errors import NoSuchTool, Unavailable
+from .schema import compile_schema
 
 TOOL_PREFIX = "mesh.tool."
 SEAT_PREFIX = "mesh.seat."
@@ -42,7 +43,7 @@ class Route:
     """One subject served by one tool of one bundle, with its Service API stats."""
 
     __slots__ = (
-        "subject", "kind", "module", "tool", "tool_json", "bundle", "schema",
+        "subject", "kind", "module", "tool", "tool_json", "bundle", "checker",
         "num_requests", "num_errors", "last_error", "processing_ns",
     )
 
@@ -50,7 +51,7 @@ class Route:
         self.subject, self.kind, self.module, self.bundle = subject, kind, module, bundle
         self.tool = tool.name
         self.tool_json = _encode(tool.name)
-        self.schema = tool.inputSchema
+        self.checker = compile_schema(tool.inputSchema)
         self.num_requests = 0
         self.num_errors = 0
         self.last_error = ""

@@ -363,3 +363,25 @@ async def test_node_starts_when_every_bundle_and_a_manifest_fail(tmp_path: Path,
     assert any("kind" in p for p in st["problems"])
     assert "ERROR mesh.cli: module not loaded" in node.log()
     await nc.close()
+
+
+async def test_arguments_failing_the_input_schema_are_400_naming_the_field(tmp_path: Path, node_factory) -> None:
+    make_module(tmp_path / "mods", "alpha")
+    node = node_factory(tmp_path / "mods")
+    nc = await client(node.bus_url())
+    await wait_state(nc, node.name, "alpha/tools", "ready")
+    cases = [
+        ({}, "name", "required argument 'name' is missing"),
+        ({"name": 5}, "name", "is an integer; it must be string"),
+        ({"name": "a", "count": 1.5}, "count", "is a number; it must be integer"),
+        ({"name": "a", "count": "3"}, "count", "is a string; it must be integer"),
+        ({"name": "a", "colour": "red"}, "colour", "unknown argument 'colour'"),
+    ]
+    for args, field, text in cases:
+        code, body = await call(nc, "mesh.tool.alpha.typed", args)
+        assert code == 400, (args, body)
+        assert body["error"]["field"] == field and text in body["error"]["message"], body
+    code, r = await call(nc, "mesh.tool.alpha.typed", {"name": "a", "count": 2, "ratio": 1})
+    assert code == 200 and r["structuredContent"] == {"name": "a", "count": 2, "ratio": 1}
+    assert (await bundle_status(nc, node.name, "alpha/tools"))["calls"] == 1  # the bad calls never reached the child
+    await nc.close()

@@ -44,6 +44,16 @@ TOOLS = [
     {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
     {"name": "remember", "description": "Store or read a value in MESH_DATA_DIR", "inputSchema": {"type": "object"}},
     {"name": "version", "description": "RAW_VERSION of this child", "inputSchema": {"type": "object"}},
+    {
+        "name": "typed",
+        "description": "A tool with a strict schema",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "count": {"type": "integer"}, "ratio": {"type": "number"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+    },
 ]
 
 
@@ -62,7 +72,7 @@ def text_result(text: str, structured: object = None, is_error: bool = False) ->
 
 
 def call(rid: object, name: str, args: dict) -> None:
-    if name in ("echo", "echo.say") or name.startswith("extra"):
+    if name in ("echo", "echo.say", "typed") or name.startswith("extra"):
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(args), args)})
     elif name == "sleep":
         deadline = time.monotonic() + float(args.get("seconds", 1))
