@@ -222,6 +222,9 @@ class Node:
         bundle_dir = placement.dirs[spec.name]
         data_dir = self.state_dir / "data" / module.name
         data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.child_user:
+            # Children run as another user: their data folder is theirs, nothing else of the node's.
+            shutil.chown(data_dir, self.config.child_user, self.config.child_group)
         try:
             argv = resolve_argv(spec.entry, bundle_dir)
         except Exception as e:
