@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,6 +46,8 @@ INSTALL_HINT = (
 BUILD_TIMEOUT_S = 900  # a cold npm cache on a slow link
 OUTPUT_TAIL_LINES = 40
 DEPENDENCY_FIELDS = ("dependencies", "devDependencies", "optionalDependencies")
+SCRATCH_PREFIX = "ts-build-"
+STALE_SCRATCH_S = 6 * 3600  # far longer than any build; an older scratch was left by a killed one
 
 
 class TypeScriptToolchain:
@@ -68,7 +71,8 @@ class TypeScriptToolchain:
         # One common ancestor keeps every relative `file:` path valid inside the scratch copy.
         root = Path(os.path.commonpath([str(p) for p in packages]))
         ctx.cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="ts-build-") as scratch_name:
+        _sweep_stale_scratches(ctx.cache_dir)
+        with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix=SCRATCH_PREFIX) as scratch_name:
             scratch = Path(scratch_name)
             for package in packages:
                 _copy_package(package, scratch / package.relative_to(root))
@@ -159,7 +163,19 @@ def _copy_package(source: Path, dest: Path) -> None:
             skipped |= {"dist", ".mesh-out"}
         return skipped & set(names)
 
-    shutil.copytree(source, dest, ignore=ignore, symlinks=True)
+    # dirs_exist_ok: a `file:` package inside the bundle's own folder is copied with it and again alone.
+    shutil.copytree(source, dest, ignore=ignore, symlinks=True, dirs_exist_ok=True)
+
+
+def _sweep_stale_scratches(cache_dir: Path) -> None:
+    """Remove scratch folders a killed build left behind (each holds a full node_modules)."""
+    now = time.time()
+    for folder in cache_dir.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            if now - folder.stat().st_mtime > STALE_SCRATCH_S:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # another build removed it first
 
 
 def _install_and_compile(ctx: BuildContext, package: Path, shown: str) -> None:
@@ -202,7 +218,9 @@ def _pack(ctx: BuildContext, source: Path, entry: PurePosixPath, fmt: str) -> No
         f"--outfile={PurePosixPath('.mesh-out') / entry}", "--log-level=warning",
     ]
     ctx.log(f"esbuild {entry} -> one file ({fmt}, {NODE_TARGET})")
-    _run(ctx, command, source)
+    warnings = _run(ctx, command, source)
+    if warnings:
+        ctx.log(warnings)  # e.g. a dynamic require esbuild could not follow: it would fail at run time
 
 
 def _bin(ctx: BuildContext, package: Path, tool: str, npm_package: str) -> Path:
@@ -227,7 +245,8 @@ def _write_stage_package_json(ctx: BuildContext, manifest: dict[str, Any], fmt: 
     (ctx.stage_dir / "package.json").write_text(json.dumps(staged, indent=2) + "\n", "utf-8")
 
 
-def _run(ctx: BuildContext, command: list[str], cwd: Path) -> None:
+def _run(ctx: BuildContext, command: list[str], cwd: Path) -> str:
+    """Run one build step; its output on success, BuildFailed with the output's tail on failure."""
     env = dict(os.environ)
     # npm's nags and update checks are noise in a build log and a network call an offline build must not make.
     env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false", "npm_config_audit": "false"})
@@ -241,8 +260,7 @@ def _run(ctx: BuildContext, command: list[str], cwd: Path) -> None:
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
         raise BuildFailed(LANGUAGE, ctx.bundle.name, command, tail)
-    if command[0].endswith("esbuild") and output:
-        ctx.log(output)  # esbuild's warnings (e.g. a dynamic require it could not follow) matter at run time
+    return output
 
 
 TOOLCHAIN = TypeScriptToolchain()

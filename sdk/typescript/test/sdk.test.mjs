@@ -1,0 +1,118 @@
+// Unit tests for @mesh/sdk, run against the compiled dist/ with `node --test`.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
+
+import {
+  checkToolName,
+  createServer,
+  defineTool,
+  facts,
+  FactsMissing,
+  result,
+  seatVerb,
+  ToolNameError,
+  z,
+} from "../dist/index.js";
+
+test("seatVerb joins a valid seat and verb and refuses the rest", () => {
+  assert.equal(seatVerb("memory", "put"), "memory.put");
+  assert.equal(seatVerb("hand-off", "take_next"), "hand-off.take_next");
+  for (const [seat, verb] of [["Memory", "put"], ["memory", "a.b"], ["memory", ""], ["", "put"], ["memory", "1put"]]) {
+    assert.throws(() => seatVerb(seat, verb), ToolNameError, `${seat}.${verb}`);
+  }
+});
+
+test("checkToolName allows own tools and seat verbs, not two dots", () => {
+  assert.equal(checkToolName("greet"), "greet");
+  assert.equal(checkToolName("memory.get"), "memory.get");
+  assert.throws(() => checkToolName("a.b.c"), /more than one dot/);
+  assert.throws(() => checkToolName("has space"), ToolNameError);
+  const server = createServer();
+  assert.throws(() => defineTool(server, "bad name", {}, () => result("x")), ToolNameError);
+});
+
+test("facts names every missing variable and creates the data folder", () => {
+  assert.throws(() => facts({ MESH_NODE: "n1" }), (e) => {
+    assert.ok(e instanceof FactsMissing);
+    assert.deepEqual(e.missing, ["MESH_MODULE", "MESH_BUNDLE", "MESH_BUNDLE_DIR", "MESH_DATA_DIR"]);
+    return true;
+  });
+  const dataDir = join(mkdtempSync(join(tmpdir(), "mesh-sdk-")), "data", "nested");
+  const env = { MESH_NODE: "n1", MESH_MODULE: "m", MESH_BUNDLE: "tools", MESH_BUNDLE_DIR: "/b", MESH_DATA_DIR: dataDir };
+  assert.deepEqual(facts(env), { node: "n1", module: "m", bundle: "tools", bundleDir: "/b", dataDir });
+  assert.ok(statSync(dataDir).isDirectory());
+});
+
+test("result builds text, structured content and error results", () => {
+  assert.deepEqual(result("hi"), { content: [{ type: "text", text: "hi" }] });
+  assert.deepEqual(result("hi", { a: 1 }, { isError: true }), {
+    content: [{ type: "text", text: "hi" }],
+    structuredContent: { a: 1 },
+    isError: true,
+  });
+});
+
+test("a slow call does not hold up a fast one (in process)", async () => {
+  const server = createServer({ name: "t", version: "1" });
+  let release;
+  const gate = new Promise((resolve) => (release = resolve));
+  defineTool(server, "slow", {}, async () => (await gate, result("slow")));
+  defineTool(server, "fast", { input: { n: z.number() }, output: { n: z.number() } }, ({ n }) => result("fast", { n }));
+  const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(serverSide);
+  const client = new Client({ name: "test", version: "0" });
+  await client.connect(clientSide);
+  const slow = client.callTool({ name: "slow", arguments: {} });
+  const fast = await client.callTool({ name: "fast", arguments: { n: 7 } });
+  assert.deepEqual(fast.structuredContent, { n: 7 });
+  release();
+  assert.equal((await slow).content[0].text, "slow");
+  await client.close();
+});
+
+test("over stdio: calls answered out of order, cancel drops a reply, stdout stays protocol, closing stdin exits", async () => {
+  const fixture = fileURLToPath(new URL("../fixtures/stdio-server.mjs", import.meta.url));
+  const child = spawn(process.execPath, [fixture], { stdio: ["pipe", "pipe", "pipe"] });
+  const lines = createInterface({ input: child.stdout });
+  const replies = [];
+  const waiters = [];
+  lines.on("line", (line) => {
+    replies.push(JSON.parse(line)); // a non-JSON line (a stray console.log) fails the test here
+    waiters.splice(0).forEach((wake) => wake());
+  });
+  const send = (msg) => child.stdin.write(JSON.stringify({ jsonrpc: "2.0", ...msg }) + "\n");
+  const until = async (count) => {
+    while (replies.length < count) await new Promise((wake) => waiters.push(wake));
+  };
+  send({ id: 1, method: "initialize", params: { protocolVersion: "2025-11-25", capabilities: {}, clientInfo: { name: "t", version: "0" } } });
+  await until(1);
+  assert.equal(replies[0].result.protocolVersion, "2025-11-25");
+  send({ method: "notifications/initialized" });
+  send({ id: 2, method: "tools/call", params: { name: "sleep", arguments: { ms: 60000 } } });
+  for (let i = 3; i < 13; i++) send({ id: i, method: "tools/call", params: { name: "echo", arguments: { text: `t${i}` } } });
+  await until(11);
+  assert.deepEqual(replies.slice(1).map((r) => r.id).sort((a, b) => a - b), [3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+  assert.equal(replies[1].result.structuredContent.text, `t${replies[1].id}`);
+  // A cancelled call gets no reply (the library drops it); the session goes on.
+  send({ id: 13, method: "tools/call", params: { name: "sleep", arguments: { ms: 60000 } } });
+  send({ method: "notifications/cancelled", params: { requestId: 13, reason: "test" } });
+  send({ id: 14, method: "ping" });
+  await until(12);
+  assert.deepEqual(replies[11], { jsonrpc: "2.0", id: 14, result: {} });
+  await new Promise((resolve) => setTimeout(resolve, 200)); // room for a reply to 13 that must not come
+  assert.equal(replies.find((r) => r.id === 13), undefined);
+  const started = Date.now();
+  const exited = new Promise((resolve) => child.once("exit", (code) => resolve(code)));
+  child.stdin.end();
+  assert.equal(await exited, 0);
+  assert.ok(Date.now() - started < 3000, "exits at once although the 60 s call is still running");
+});

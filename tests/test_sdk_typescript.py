@@ -1,0 +1,227 @@
+"""The TypeScript SDK, the TypeScript toolchain and the hello-typescript bundle, end to end over real stdio.
+
+Builds hello-typescript twice with `toolchains.typescript` (the staged bytes must match, and the
+stage must hold no links), runs `node dist/main.js` in the stage as the runtime would (cwd =
+bundle folder, MESH_* environment) and drives it with the test stdio client. Needs node and npm
+(and the npm registry or a warm npm cache: scripts/setup-typescript.sh); without node every test
+here is skipped with the reason shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from manifests import load_module
+from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
+from toolchains.base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from toolchains.typescript import TOOLCHAIN
+
+REPO = Path(__file__).resolve().parent.parent
+MODULE_DIR = REPO / "bundles" / "hello-typescript"
+SDK_DIR = REPO / "sdk" / "typescript"
+# Kept between runs (gitignored): the scratch builds live here; npm's own cache holds the packages.
+CACHE = REPO / ".cache" / "toolchains" / "typescript"
+
+pytestmark = [pytest.mark.slow, pytest.mark.toolchain("typescript")]
+
+
+def _require_node() -> None:
+    try:
+        TOOLCHAIN.check()
+    except ToolchainMissing as e:
+        print(f"SKIPPED: {e}")
+        pytest.skip(str(e))
+
+
+def _context(module_dir: Path, stage: Path, cache: Path, repo_root: Path | None = REPO) -> BuildContext:
+    loaded = load_module(module_dir)
+    bundle = loaded.module.tools_bundles()[0]
+    stage.mkdir(parents=True)
+    return BuildContext(
+        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
+        stage_dir=stage, cache_dir=cache, repo_root=repo_root, log=lambda _: None,
+    )
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _links(root: Path) -> list[str]:
+    found = []
+    for folder, dirs, files in os.walk(root):  # os.walk does not follow links to folders, but lists them
+        found += [os.path.join(folder, n) for n in dirs + files if os.path.islink(os.path.join(folder, n))]
+    return found
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, Path]:
+    """hello-typescript built twice into two stages; returns (first stage, its output, second stage)."""
+    _require_node()
+    base = tmp_path_factory.mktemp("ts-build")
+    out1 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage1", CACHE))
+    out2 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage2", CACHE))
+    assert out1 == out2
+    return base / "stage1", out1, base / "stage2"
+
+
+def _env(stage: Path, data_dir: Path) -> dict[str, str]:
+    return {
+        "MESH_NODE": "test-node", "MESH_MODULE": "hello-typescript", "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(data_dir),
+    }
+
+
+@pytest.fixture
+def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
+    stage = built[0]
+    client = StdioClient(["node", "dist/main.js"], cwd=stage, env=_env(stage, tmp_path / "data" / "hello-typescript"))
+    yield client
+    client.close()
+
+
+def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
+    stage1, out, stage2 = built
+    tree1, tree2 = _tree(stage1), _tree(stage2)
+    assert list(tree1) == ["dist/main.js", "package.json"], "one packed script and its format, nothing else"
+    assert tree1 == tree2, "two builds of the same source differ"
+    assert _links(stage1) == [], "a bundle must hold no links"
+    script = tree1["dist/main.js"][0]
+    for path in (str(REPO), str(CACHE), "/tmp/"):
+        assert path.encode() not in script, f"an absolute build path ({path}) is baked into the bundle"
+    assert json.loads(tree1["package.json"][0])["type"] == "module"
+    assert out == BuildOutput(), "JavaScript runs anywhere node does: no os, arch or extra env"
+    print(f"\nstaged dist/main.js: {len(script)} bytes")
+
+
+def test_initialize_list_and_call(child: StdioClient, tmp_path: Path) -> None:
+    started = time.monotonic()
+    init = child.initialize()
+    print(f"\nfirst initialize reply after {(time.monotonic() - started) * 1000:.0f} ms")
+    assert init["protocolVersion"] == PROTOCOL_VERSION
+    assert init["serverInfo"]["name"] == "hello-typescript"
+    assert (tmp_path / "data" / "hello-typescript").is_dir(), "facts() did not create MESH_DATA_DIR"
+
+    tools = {t["name"]: t for t in child.list_tools()}
+    assert set(tools) == {"greet"}
+    schema = tools["greet"]["inputSchema"]
+    assert schema["type"] == "object" and schema["required"] == ["name"]
+    assert schema["properties"]["name"]["type"] == "string"
+    assert tools["greet"]["outputSchema"]["properties"]["greeting"]["type"] == "string"
+
+    greeting = child.call("greet", {"name": "Ada"})
+    assert greeting["content"] == [{"type": "text", "text": "Hello, Ada! (typescript)"}]
+    assert greeting["structuredContent"] == {"greeting": "Hello, Ada! (typescript)"}
+    assert not greeting.get("isError")
+
+    bad = child.call("greet", {})  # missing a required argument: a tool error, not a protocol one
+    assert bad["isError"] is True
+
+    assert child.request("ping") == {}
+    assert child.close() == 0, "closing stdin must end the child cleanly"
+
+
+def _read_replies(client: StdioClient, count: int, timeout: float) -> list[dict[str, Any]]:
+    """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
+
+    A reader thread does the blocking reads, so a child that never answers fails the test
+    after `timeout` instead of hanging it.
+    """
+    stdout = client.proc.stdout
+    assert stdout is not None
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    replies = []
+    for _ in range(count):
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
+        assert line, "child closed stdout"
+        replies.append(json.loads(line))
+    return replies
+
+
+def test_many_calls_in_flight(child: StdioClient) -> None:
+    child.initialize()
+    sent = {}
+    for i in range(20):  # all 20 written before a single reply is read
+        ident = 1000 + i
+        sent[ident] = f"Hello, n{i}! (typescript)"
+        child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
+                     "params": {"name": "greet", "arguments": {"name": f"n{i}"}}})
+    replies: dict[int, dict[str, Any]] = {}
+    for reply in _read_replies(child, len(sent), timeout=10):
+        assert reply["id"] in sent and reply["id"] not in replies, reply
+        replies[reply["id"]] = reply
+    for ident, text in sent.items():
+        result = replies[ident]["result"]
+        assert not result.get("isError"), result
+        assert result["structuredContent"] == {"greeting": text}
+
+
+def test_without_facts_says_so_in_one_line(built: tuple[Path, BuildOutput, Path]) -> None:
+    stage = built[0]
+    proc = subprocess.run(["node", "dist/main.js"], cwd=stage, env={"PATH": os.environ["PATH"]},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "MESH_DATA_DIR" in proc.stderr and "    at " not in proc.stderr
+
+
+def test_sdk_unit_tests(tmp_path: Path) -> None:
+    """`npm test` of sdk/typescript in a copy: names, facts, results, slow calls not blocking fast ones."""
+    _require_node()
+    copy = tmp_path / "sdk"
+    shutil.copytree(SDK_DIR, copy, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    for command in (["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], ["npm", "test"]):
+        proc = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_missing_node_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ToolchainMissing) as e:
+        TOOLCHAIN.check()
+    assert e.value.tool == "node" and "nodejs.org" in str(e.value)
+
+
+def _broken_module(root: Path, main_ts: str) -> Path:
+    """A module outside the checkout that uses the SDK by the same relative path as the repo's bundles."""
+    shutil.copytree(SDK_DIR, root / "sdk" / "typescript", ignore=shutil.ignore_patterns("node_modules", "dist"))
+    module = root / "bundles" / "broken"
+    shutil.copytree(MODULE_DIR / "src", module / "src", ignore=shutil.ignore_patterns("node_modules", "dist"))
+    (module / "module.toml").write_text(
+        'name = "broken"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\n'
+        'language = "typescript"\nsource = "src"\nentry = ["node", "dist/main.js"]\n'
+    )
+    (module / "src" / "src" / "main.ts").write_text(main_ts)
+    return module
+
+
+def test_type_error_is_build_failed(tmp_path: Path) -> None:
+    _require_node()
+    module = _broken_module(tmp_path / "checkout", 'const n: number = "not a number";\nexport { n };\n')
+    with pytest.raises(BuildFailed) as e:
+        TOOLCHAIN.build(_context(module, tmp_path / "stage", CACHE, repo_root=None))
+    assert "TS2322" in e.value.output and "main.ts" in e.value.output
+    assert not (module / "src" / "node_modules").exists(), "the build wrote into the source tree"
+
+
+def test_missing_lock_file_is_named(tmp_path: Path) -> None:
+    _require_node()
+    module = _broken_module(tmp_path / "checkout", "export {};\n")
+    (module / "src" / "package-lock.json").unlink()
+    with pytest.raises(BuildFailed) as e:
+        TOOLCHAIN.build(_context(module, tmp_path / "stage", CACHE, repo_root=None))
+    assert "package-lock.json" in e.value.output and "bundles/broken/src" in e.value.output
