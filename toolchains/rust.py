@@ -163,6 +163,8 @@ def _mirror(ctx: BuildContext, source: Path, workspace: Path) -> tuple[Path, Pat
                           f"{source / 'Cargo.toml'} declares a [workspace]; a Rust bundle is one package: remove it")
     packages = _path_packages(ctx, source)
     base = Path(os.path.commonpath(packages))
+    if base in packages:  # the workspace root needs its own folder above every package
+        base = base.parent
     if workspace.exists():
         shutil.rmtree(workspace)
     for package in packages:

@@ -1,0 +1,215 @@
+"""The Rust SDK, the Rust toolchain and the hello-rust bundle, end to end over real stdio.
+
+Builds hello-rust twice with `toolchains.rust` (the bytes must match), runs the staged binary as
+the runtime would (cwd = bundle folder, MESH_* environment) and drives it with the test stdio
+client. Needs cargo; without it every test here is skipped with the reason shown. The cargo
+target folders live in a persistent cache (.cache/toolchains/rust in the checkout), so only the
+first run pays for compiling the dependencies (about a minute on two cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from manifests import load_module
+from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
+from toolchains.base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from toolchains.rust import JOBS, TOOLCHAIN
+
+REPO = Path(__file__).resolve().parent.parent
+MODULE_DIR = REPO / "bundles" / "hello-rust"
+CACHE = REPO / ".cache" / "toolchains" / "rust"
+
+pytestmark = [pytest.mark.slow, pytest.mark.toolchain("rust")]
+
+
+def _require_cargo() -> None:
+    try:
+        TOOLCHAIN.check()
+    except ToolchainMissing as e:
+        print(f"SKIPPED: {e}")
+        pytest.skip(str(e))
+
+
+def _context(module_dir: Path, stage: Path, cache: Path) -> BuildContext:
+    loaded = load_module(module_dir)
+    bundle = loaded.module.tools_bundles()[0]
+    stage.mkdir(parents=True)
+    return BuildContext(
+        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
+        stage_dir=stage, cache_dir=cache, repo_root=REPO, log=lambda _: None,
+    )
+
+
+def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, Path]:
+    """hello-rust built twice into two stages; returns (first stage, its output, second stage)."""
+    _require_cargo()
+    base = tmp_path_factory.mktemp("rust-build")
+    started = time.monotonic()
+    out1 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage1", CACHE))
+    first = time.monotonic() - started
+    out2 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage2", CACHE))
+    print(f"hello-rust: first build {first:.1f}s, second {time.monotonic() - started - first:.1f}s")
+    assert out1 == out2
+    return base / "stage1", out1, base / "stage2"
+
+
+@pytest.fixture
+def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
+    stage = built[0]
+    env = {
+        "MESH_NODE": "test-node", "MESH_MODULE": "hello-rust", "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(tmp_path / "data" / "hello-rust"),
+    }
+    client = StdioClient([str(stage / "bin" / "hello-rust")], cwd=stage, env=env)
+    yield client
+    client.close()
+
+
+def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
+    stage1, out, stage2 = built
+    tree1, tree2 = _tree(stage1), _tree(stage2)
+    assert list(tree1) == ["bin/hello-rust"]
+    assert tree1 == tree2, "two builds of the same source differ"
+    binary = tree1["bin/hello-rust"][0]
+    assert binary[:4] == b"\x7fELF"
+    assert tree1["bin/hello-rust"][1] & 0o111, "the binary is not executable"
+    cargo_home = os.environ.get("CARGO_HOME") or str(Path.home() / ".cargo")
+    for path in (REPO, CACHE, cargo_home):
+        assert str(path).encode() not in binary, f"an absolute build path ({path}) is baked into the binary"
+    assert b".symtab" not in binary, "the binary is not stripped"
+    assert out.os == "linux" and out.arch in ("amd64", "arm64") and out.env == {}
+
+
+def test_initialize_list_and_call(child: StdioClient, tmp_path: Path) -> None:
+    init = child.initialize()
+    assert init["protocolVersion"] == PROTOCOL_VERSION
+    assert init["serverInfo"] == {"name": "hello-rust", "version": "0.1.0"}
+    assert (tmp_path / "data" / "hello-rust").is_dir(), "mesh_sdk::facts() did not create MESH_DATA_DIR"
+
+    tools = {t["name"]: t for t in child.list_tools()}
+    assert set(tools) == {"greet"}
+    schema = tools["greet"]["inputSchema"]
+    assert schema["type"] == "object" and schema["required"] == ["name"]
+    assert schema["properties"]["name"]["type"] == "string"
+
+    greeting = child.call("greet", {"name": "Ada"})
+    assert greeting["content"] == [{"type": "text", "text": "Hello, Ada! (rust)"}]
+    assert greeting["structuredContent"] == {"greeting": "Hello, Ada! (rust)"}
+    assert not greeting.get("isError")
+
+    bad = child.call("greet", {})  # missing a required argument: a tool error, not a protocol one
+    assert bad["isError"] is True
+
+    assert child.request("ping") == {}
+    started = time.monotonic()
+    assert child.close() == 0, "closing stdin must end the child cleanly"
+    assert time.monotonic() - started < 2, "closing stdin must end the child at once"
+
+
+def _read_replies(client: StdioClient, count: int, timeout: float) -> list[dict[str, Any]]:
+    """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
+
+    A reader thread does the blocking reads, so a child that never answers fails the test
+    after `timeout` instead of hanging it.
+    """
+    stdout = client.proc.stdout
+    assert stdout is not None
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    replies = []
+    for _ in range(count):
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
+        assert line, "child closed stdout"
+        replies.append(json.loads(line))
+    return replies
+
+
+def test_many_calls_in_flight(child: StdioClient) -> None:
+    child.initialize()
+    sent: dict[int, str] = {}
+    for i in range(20):  # all written before any reply is read
+        ident = 1000 + i
+        sent[ident] = f"Hello, n{i}! (rust)"
+        child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
+                     "params": {"name": "greet", "arguments": {"name": f"n{i}"}}})
+    replies: dict[int, dict[str, Any]] = {}
+    for reply in _read_replies(child, len(sent), timeout=10):
+        assert reply["id"] in sent and reply["id"] not in replies, reply
+        replies[reply["id"]] = reply
+    for ident, text in sent.items():
+        result = replies[ident]["result"]
+        assert not result.get("isError"), result
+        assert result["content"] == [{"type": "text", "text": text}]
+        assert result["structuredContent"] == {"greeting": text}
+
+
+def test_sdk_unit_tests() -> None:
+    """`cargo test` of sdk/rust: seat-verb names, facts, slow calls served side by side, EOF exit."""
+    _require_cargo()
+    env = dict(os.environ, CARGO_TARGET_DIR=str(CACHE / "sdk-test-target"))
+    proc = subprocess.run(
+        ["cargo", "test", "--locked", "-j", str(JOBS), "--color", "never"],
+        cwd=REPO / "sdk" / "rust", env=env, capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_missing_cargo_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CARGO_HOME", str(tmp_path / "no-cargo-home"))
+    with pytest.raises(ToolchainMissing) as e:
+        TOOLCHAIN.check()
+    assert e.value.tool == "cargo" and "rustup" in str(e.value)
+
+
+def _broken_module(root: Path, main_rs: str, lock: bool = True) -> Path:
+    module = root / "broken"
+    (module / "src" / "src").mkdir(parents=True)
+    (module / "module.toml").write_text(
+        'name = "broken"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\n'
+        'language = "rust"\nsource = "src"\nentry = ["bin/broken"]\n'
+    )
+    (module / "src" / "Cargo.toml").write_text('[package]\nname = "broken"\nversion = "0.1.0"\nedition = "2024"\n')
+    if lock:  # what `cargo generate-lockfile` writes for a package without dependencies
+        (module / "src" / "Cargo.lock").write_text(
+            "# This file is automatically @generated by Cargo.\n# It is not intended for manual editing.\n"
+            'version = 4\n\n[[package]]\nname = "broken"\nversion = "0.1.0"\n'
+        )
+    (module / "src" / "src" / "main.rs").write_text(main_rs)
+    return module
+
+
+def test_compile_error_is_build_failed(tmp_path: Path) -> None:
+    _require_cargo()
+    module = _broken_module(tmp_path, "fn main() { undefined_thing() }\n")
+    with pytest.raises(BuildFailed) as e:
+        TOOLCHAIN.build(_context(module, tmp_path / "stage", tmp_path / "cache"))
+    assert "undefined_thing" in e.value.output
+    assert not (module / "src" / "target").exists(), "the build wrote into the source tree"
+
+
+def test_missing_lock_file_is_build_failed(tmp_path: Path) -> None:
+    _require_cargo()
+    module = _broken_module(tmp_path, "fn main() {}\n", lock=False)
+    with pytest.raises(BuildFailed) as e:
+        TOOLCHAIN.build(_context(module, tmp_path / "stage", tmp_path / "cache"))
+    assert "Cargo.lock" in e.value.output
