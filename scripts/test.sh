@@ -7,4 +7,6 @@ cd "$repo"
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# One compiler cache for the toolchain tests, the node's from-source builds and the smoke run.
+export MESH_TOOLCHAIN_CACHE="${MESH_TOOLCHAIN_CACHE:-$repo/.cache/toolchains}"
 exec python -m pytest -rs -q "$@"

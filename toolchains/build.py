@@ -61,6 +61,8 @@ def get_toolchain(language: str) -> Toolchain:
 
 
 def default_cache_dir() -> Path:
+    if os.environ.get("MESH_TOOLCHAIN_CACHE"):
+        return Path(os.environ["MESH_TOOLCHAIN_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "mesh-node" / "toolchains"
 
