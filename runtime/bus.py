@@ -126,14 +126,15 @@ class EmbeddedServer:
             await proc.wait()
 
 
-def connect_options(cfg: NatsConfig, name: str) -> dict[str, Any]:
+def connect_options(cfg: NatsConfig, name: str, persistent: bool = True) -> dict[str, Any]:
     opts: dict[str, Any] = {
         "servers": [u.strip() for u in (cfg.url or "").split(",") if u.strip()],
         "name": name,
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": 0.5,
+        # A node waits for its bus as long as it takes; a command gives up after a few tries.
+        "max_reconnect_attempts": -1 if persistent else 2,
+        "reconnect_time_wait": 0.5 if persistent else 0.2,
         "allow_reconnect": True,
-        "connect_timeout": 5,
+        "connect_timeout": 5 if persistent else 2,
     }
     if cfg.user:
         opts["user"] = cfg.user
@@ -169,7 +170,7 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     nc = Client()
     try:
         await nc.connect(
-            **connect_options(cfg, name),
+            **connect_options(cfg, name, persistent=not quiet),
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,

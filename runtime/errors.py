@@ -61,12 +61,16 @@ class TooLarge(NodeError):
         return {"subject": self.subject, "size": self.size, "limit": self.limit}
 
 
+_STATE_WORDS = {"backoff": "waiting to restart (backoff)", "building": "being built"}
+
+
 class Unavailable(NodeError):
     code, kind = 503, "bundle_unavailable"
 
     def __init__(self, tool: str, module: str, cause: BundleUnavailable, node: str) -> None:
         self.tool, self.module, self.cause, self.node = tool, module, cause, node
-        what = f"tool family {module} ({tool}) is unavailable: bundle {cause.bundle} is {cause.state}"
+        state = _STATE_WORDS.get(cause.state, cause.state)
+        what = f"tool family {module} ({tool}) is unavailable: bundle {cause.bundle} is {state}"
         if cause.last_exit:
             what += f", last exit: {cause.last_exit}"
         if cause.reason:

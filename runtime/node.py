@@ -225,11 +225,13 @@ class Node:
         if self.config.child_user:
             # Children run as another user: their data folder is theirs, nothing else of the node's.
             shutil.chown(data_dir, self.config.child_user, self.config.child_group)
+        built_first = placement.from_source and spec.language not in RUN_FROM_SOURCE
         try:
             argv = resolve_argv(spec.entry, bundle_dir)
         except Exception as e:
             # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
-            log.error("bundle %s/%s: %s", module.name, spec.name, e)
+            if not built_first:  # a bundle built first finds its entry in the build
+                log.error("bundle %s/%s: %s", module.name, spec.name, e)
             argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
         env = child_env(
             node=self.name,
@@ -246,7 +248,7 @@ class Node:
             argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
         )
         prepare = None
-        if placement.from_source and spec.language not in RUN_FROM_SOURCE:
+        if built_first:
             prepare = self._builder(placement.loaded, spec, child)
         return Bundle(
             BundleSpec(
