@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import grp
 import os
+import pwd
 import signal
 from dataclasses import dataclass, field
 from typing import Callable
@@ -119,6 +121,18 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.child._on_exit()
 
 
+def _identity(user: int | str | None, group: int | str | None) -> tuple[int | str | None, list[int] | None]:
+    """(group, supplementary groups) for a child run as `user`: the user's own, never the node's.
+
+    Without this, subprocess changes only the uid: the child would keep root's gid and groups.
+    """
+    if user is None:
+        return group, None
+    pw = pwd.getpwnam(user) if isinstance(user, str) else pwd.getpwuid(user)
+    gid = pw.pw_gid if group is None else (grp.getgrnam(group).gr_gid if isinstance(group, str) else group)
+    return gid, os.getgrouplist(pw.pw_name, gid)
+
+
 class ChildProcess:
     """A running child; `exited` resolves with its exit status (negative: killed by signal)."""
 
@@ -135,6 +149,7 @@ class ChildProcess:
     async def spawn(cls, spec: ChildSpec, on_stdout: LineHandler, on_stderr: LineHandler) -> "ChildProcess":
         loop = asyncio.get_running_loop()
         child = cls(on_stdout, on_stderr, spec)
+        group, extra_groups = _identity(spec.user, spec.group)
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(child),
             *spec.argv,
@@ -146,7 +161,8 @@ class ChildProcess:
             start_new_session=True,
             preexec_fn=_die_with_parent(os.getpid()),
             user=spec.user,
-            group=spec.group,
+            group=group,
+            extra_groups=extra_groups,
             close_fds=True,
         )
         child._transport = transport

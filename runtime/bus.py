@@ -154,7 +154,29 @@ def connect_options(cfg: NatsConfig, name: str, persistent: bool = True) -> dict
     return opts
 
 
+def refusal(e: BaseException) -> str | None:
+    """Why a server will never take this client as configured; None when trying again may help."""
+    if isinstance(e, nats.errors.AuthorizationError) or "authorization violation" in str(e).lower():
+        return "the server refused the credentials (authorization violation); check the user/password, token, nkey or creds"
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"the server's TLS certificate is not trusted ({e.verify_message}); name its CA with tls_ca / --tls-ca"
+    if isinstance(e, ssl.SSLError):
+        return (f"the TLS handshake failed ({e.reason or e}); does the server want a client certificate "
+                "(tls_cert and tls_key / --tls-cert and --tls-key)?")
+    return None
+
+
 async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
+    """Connect, or raise BusError naming why not.
+
+    Credentials or a certificate the server refuses end the first attempt at once: no retry can
+    fix them, and nats-py would retry them for ever (a TLS verify failure even past
+    max_reconnect_attempts). A one-shot client (`quiet`: meshctl) also stops waiting after 15 s.
+    """
+    connecting = True
+    refused: list[str] = []
+    last: list[BaseException] = []
+
     async def disconnected() -> None:
         if not quiet and not nc.is_closed:
             log.warning("disconnected from the bus; reconnecting")
@@ -164,19 +186,39 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
             log.warning("reconnected to the bus at %s", nc.connected_url.netloc if nc.connected_url else "?")
 
     async def error(e: Exception) -> None:
+        last[:] = [e]
+        why = refusal(e) if connecting else None
+        if why is not None and not refused:
+            refused.append(why)
+            attempt.cancel()
+            return
         if not quiet:
             log.warning("bus: %s", e)
 
     nc = Client()
+    attempt = asyncio.ensure_future(nc.connect(
+        **connect_options(cfg, name, persistent=not quiet),
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=error,
+    ))
     try:
-        await nc.connect(
-            **connect_options(cfg, name, persistent=not quiet),
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            error_cb=error,
-        )
-    except Exception as e:  # nats-py raises a variety of types here; all mean "not connected"
-        raise BusError(f"cannot connect to NATS at {cfg.url}: {type(e).__name__}: {e}") from e
+        await asyncio.wait_for(asyncio.shield(attempt), 15 if quiet else None)
+    except BaseException as e:  # nats-py raises a variety of types here; all mean "not connected"
+        attempt.cancel()
+        try:
+            await nc.close()
+        except Exception:  # a client that never connected has little to close
+            pass
+        if refused:
+            raise BusError(f"cannot connect to NATS at {cfg.url}: {refused[0]}") from None
+        if isinstance(e, asyncio.CancelledError):
+            raise
+        # NoServersError says only that the tries ran out; the last error says why.
+        cause = last[0] if last else e
+        raise BusError(f"cannot connect to NATS at {cfg.url}: {type(cause).__name__}: {cause}") from None
+    finally:
+        connecting = False
     return nc
 
 

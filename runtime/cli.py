@@ -149,13 +149,18 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
             tg.start_soon(signals)
             tg.start_soon(announce)
-            await node.run(placements)
+            try:
+                await node.run(placements)
+            except BusError as e:
+                # Caught here, inside the task group: past it, it would come out wrapped in an
+                # ExceptionGroup and print as a traceback instead of one line.
+                failed.append(e)
             tg.cancel_scope.cancel()
 
-    try:
-        anyio.run(main)
-    except BusError as e:
-        raise CliError(str(e))
+    failed: list[BusError] = []
+    anyio.run(main)
+    if failed:
+        raise CliError(str(failed[0]))
     return 0
 
 

@@ -244,6 +244,11 @@ class Node:
             build_env=placement.build_env.get(spec.name),
         )
         env[MARKER_VAR] = self.run_id
+        if self.config.child_user:
+            import pwd
+
+            pw = pwd.getpwnam(self.config.child_user)
+            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
         child = ChildSpec(
             argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
         )
