@@ -401,12 +401,15 @@ class Bundle:
         misses = 0
         while child.running:
             await anyio.sleep(h.ping_interval_s)
-            if loop.time() - session.last_seen < h.ping_interval_s and misses == 0:
+            if loop.time() - max(session.last_seen, child.last_output) < h.ping_interval_s and misses == 0:
                 continue  # it spoke recently: alive
+            sent = loop.time()
             try:
                 await session.ping(h.ping_timeout_s)
                 misses = 0
             except CallTimedOut:
+                if child.last_output > sent:
+                    continue  # busy writing a long answer; the ping's answer waits behind it
                 misses += 1
                 if misses >= h.ping_misses:
                     self.last_error = f"stopped answering ping ({misses} x {h.ping_timeout_s:g} s)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, Callable
 
 import msgspec
@@ -22,6 +23,7 @@ LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
 CLIENT_INFO = {"name": "mesh-node", "version": "0.1.0"}
 
 log = logging.getLogger("mesh.session")
+_ID_RE = re.compile(rb'"id"\s*:\s*(\d+)')
 
 
 class RpcError(msgspec.Struct):
@@ -105,6 +107,7 @@ class Session:
             self.skipped_lines += 1
             shown = line[:200].decode("utf-8", "replace")
             log.warning("%s: skipped a line on stdout that is not JSON-RPC: %r", self.name, shown)
+            self._fail_unreadable_answer(line)
             return
         if msg.method is None:
             fut = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
@@ -121,6 +124,13 @@ class Session:
                 self._on_notification(msg.method, msg.params)
         else:
             self._answer_child_request(msg)
+
+    def _fail_unreadable_answer(self, line: bytes) -> None:
+        # An answer that cannot be decoded but names its id fails that call now, not at its timeout.
+        found = _ID_RE.search(line[:4096])
+        fut = self._pending.pop(int(found.group(1)), None) if found else None
+        if fut is not None and not fut.done():
+            fut.set_exception(ChildError(-32603, "the bundle's answer to this call is not valid JSON-RPC (see the node's log)"))
 
     def _answer_child_request(self, msg: Incoming) -> None:
         # A child may ping us or ask for things a tool runtime does not offer (sampling, roots).

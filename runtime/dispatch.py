@@ -96,7 +96,12 @@ class Dispatcher:
                 raise BadRequest(subject, problem[1], field=problem[0])
         else:
             try:
+                data.decode("utf-8")  # msgspec.Raw does not look inside strings; a child must get UTF-8
                 args = _check_object(data)
+            except UnicodeDecodeError as e:
+                raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object")
+            except RecursionError:
+                raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object")
             except msgspec.ValidationError:
                 raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
             except msgspec.DecodeError as e:

@@ -21,7 +21,13 @@ def _json_type(raw: msgspec.Raw) -> str:
     kind = _FIRST_BYTE_TYPES.get(data[0]) if data else None
     if kind is not None:
         return kind
-    return "number" if any(c in data for c in b".eE") else "integer"
+    if any(c in data for c in b".eE"):
+        try:
+            # JSON Schema's integer is any number with no fractional part: 2.0 and 1e2 are integers.
+            return "integer" if float(data).is_integer() else "number"
+        except ValueError:
+            return "number"
+    return "integer"
 
 
 def _matches(actual: str, wanted: str) -> bool:

@@ -1,11 +1,14 @@
 """A stdlib-only MCP server for tests: a real child whose misbehaviour is chosen by RAW_MODE.
 
-Modes: normal, exit_at_start, no_init, no_ping, noisy, ignore_term, slow_start.
-Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail.
+Modes: normal, exit_at_start, no_init, no_ping, noisy, garbage, ignore_term, slow_start.
+Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
+mirror, whoami, trickle.
+RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -44,6 +47,13 @@ TOOLS = [
     {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
     {"name": "remember", "description": "Store or read a value in MESH_DATA_DIR", "inputSchema": {"type": "object"}},
     {"name": "version", "description": "RAW_VERSION of this child", "inputSchema": {"type": "object"}},
+    {"name": "mirror", "description": "The arguments once, with their size and hash", "inputSchema": {"type": "object"}},
+    {"name": "whoami", "description": "The node and pid serving this call", "inputSchema": {"type": "object"}},
+    {
+        "name": "trickle",
+        "description": "Write one answer slowly, a chunk at a time, over some seconds",
+        "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}, "chunks": {"type": "integer"}}},
+    },
     {
         "name": "typed",
         "description": "A tool with a strict schema",
@@ -110,13 +120,62 @@ def call(rid: object, name: str, args: dict) -> None:
     elif name == "version":
         v = os.environ.get("RAW_VERSION", "")
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(v, {"version": v})})
+    elif name == "mirror":
+        # The arguments once (echo sends them twice: text and structured), so a large request fits back.
+        raw = json.dumps(args, separators=(",", ":")).encode()
+        digest = hashlib.sha256(raw).hexdigest()
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result(f"{len(raw)} {digest}", args)})
+    elif name == "whoami":
+        me = {"node": os.environ.get("MESH_NODE", ""), "pid": os.getpid()}
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(me), me)})
+    elif name == "trickle":
+        # One line written over `seconds`: stdout is busy with it all along, so nothing else
+        # (a ping's answer included) can be written before it ends.
+        chunks, seconds = int(args.get("chunks", 40)), float(args.get("seconds", 2))
+        head = json.dumps({"jsonrpc": "2.0", "id": rid, "result": text_result("")}, separators=(",", ":"))
+        before, after = head.split('"text":""', 1)
+        with _out_lock:
+            sys.stdout.write(before + '"text":"')
+            for _ in range(chunks):
+                sys.stdout.write("x" * 1000)
+                sys.stdout.flush()
+                time.sleep(seconds / chunks)
+            sys.stdout.write('"' + after + "\n")
+            sys.stdout.flush()
     elif name == "fail":
         send({"jsonrpc": "2.0", "id": rid, "result": text_result("it failed on purpose", is_error=True)})
     else:
         send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"Unknown tool: {name}"}})
 
 
+# Lines a broken child might write on stdout: none is an answer to a call of the node's.
+GARBAGE = [
+    b"plain text, not JSON",
+    b"{broken json",
+    b"[1, 2, 3]",
+    b'"a JSON string"',
+    b"42",
+    b"null",
+    b'{"id": {"nested": true}, "result": {}}',
+    b'{"jsonrpc": "2.0", "id": 987654321, "result": {"content": []}}',
+    b'{"jsonrpc": "2.0", "id": "not-the-nodes", "error": {"code": 1, "message": "x"}}',
+    b'{"jsonrpc": "2.0", "method": "notifications/unknown", "params": {"x": 1}}',
+    b"\xff\xfe\x00 binary",
+    b"   ",
+]
+
+
+def garbage() -> None:
+    with _out_lock:
+        for line in GARBAGE:
+            sys.stdout.buffer.write(line + b"\n")
+        sys.stdout.buffer.flush()
+
+
 def main() -> None:
+    if os.environ.get("RAW_START_LOG"):
+        with open(os.environ["RAW_START_LOG"], "a") as f:
+            f.write(f"{time.time():.6f} {os.getpid()}\n")
     if MODE == "exit_at_start":
         sys.stderr.write("cannot start: the configuration is missing\n")
         sys.exit(2)
@@ -127,6 +186,8 @@ def main() -> None:
     if MODE == "noisy":
         sys.stdout.write("this is not json\n{broken\n\n")
         sys.stdout.flush()
+    if MODE == "garbage":
+        garbage()
     initialized = False
     for line in sys.stdin:
         if MODE == "noisy":
@@ -166,7 +227,9 @@ def main() -> None:
             name, args = params.get("name"), params.get("arguments") or {}
             if MODE == "noisy":
                 sys.stdout.write("noise on stdout\n")
-            if name == "sleep":
+            if MODE == "garbage":
+                garbage()
+            if name in ("sleep", "trickle"):
                 threading.Thread(target=call, args=(rid, name, args), daemon=True).start()
             else:
                 call(rid, name, args)
