@@ -239,7 +239,7 @@ async def test_no_child_process_survives_the_node(tmp_path: Path, node_factory, 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (marked_processes(node.name) or any(alive(p) for p in before + pids)):
         await asyncio.sleep(0.05)
-    left = [(p, open(f"/proc/{p}/cmdline", "rb").read()) for p in before + pids if alive(p)]
+    left = [(p, Path(f"/proc/{p}/cmdline").read_bytes() if alive(p) else b"") for p in before + pids if alive(p)]
     assert marked_processes(node.name) == [] and left == [], (left, node.log()[-3000:])
 
 
