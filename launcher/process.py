@@ -161,6 +161,7 @@ class ChildProcess:
         self.pid: int = 0
         self._loop = asyncio.get_running_loop()
         self.last_output = self._loop.time()
+        self._out: list[bytes] = []
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.broken_reason: str | None = None
 
@@ -190,10 +191,21 @@ class ChildProcess:
         return child
 
     def write(self, data: bytes) -> None:
+        """Queue a message; every message queued in one turn of the loop goes in one write."""
         stdin = self._stdin
         if stdin is None or stdin.is_closing():
             raise BrokenPipeError("the child's stdin is closed")
-        stdin.write(data)
+        if self._out:
+            self._out.append(data)
+            return
+        self._out = [data]
+        self._loop.call_soon(self._flush_out)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, []
+        stdin = self._stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def wait(self) -> int:
         """The exit status. Shielded: a cancelled waiter must not cancel the shared future."""

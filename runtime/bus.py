@@ -166,6 +166,14 @@ def refusal(e: BaseException) -> str | None:
     return None
 
 
+def cap_socket_reads(nc: Client, size: int = 64 * 1024) -> None:
+    """asyncio reads 256 KiB per recv; a smaller read costs less per small message."""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None and hasattr(transport, "max_size"):
+        transport.max_size = size
+
+
 async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     """Connect, or raise BusError naming why not.
 
@@ -182,6 +190,7 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
             log.warning("disconnected from the bus; reconnecting")
 
     async def reconnected() -> None:
+        cap_socket_reads(nc)
         if not quiet:
             log.warning("reconnected to the bus at %s", nc.connected_url.netloc if nc.connected_url else "?")
 
@@ -219,6 +228,7 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
         raise BusError(f"cannot connect to NATS at {cfg.url}: {type(cause).__name__}: {cause}") from None
     finally:
         connecting = False
+    cap_socket_reads(nc)
     return nc
 
 

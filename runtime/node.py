@@ -103,7 +103,6 @@ class Node:
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
         self._bundles_tg: Any = None
-        self._requests_tg: Any = None
         self._stop = anyio.Event()
         self._ready = anyio.Event()
         self._started = time.monotonic()
@@ -157,8 +156,7 @@ class Node:
         )
         async with anyio.create_task_group() as bundles_tg:
             self._bundles_tg = bundles_tg
-            async with anyio.create_task_group() as requests_tg:
-                self._requests_tg = requests_tg
+            async with anyio.create_task_group() as watchers_tg:
                 await self.service.start()
                 await self._start_control()
                 for placement in placements:
@@ -167,7 +165,7 @@ class Node:
                     reconciler = Reconciler(
                         self.nc, self.name, self.state_dir, self.add_module, self.remove_module, self._delivery_report
                     )
-                    requests_tg.start_soon(reconciler.run)
+                    watchers_tg.start_soon(reconciler.run)
                 log.info(
                     "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                     "`meshctl call tool.<module>.<tool> '{...}'`",
@@ -180,7 +178,8 @@ class Node:
                 await self._drain_subscriptions()
                 with anyio.move_on_after(self.config.drain_timeout_s):
                     await self.dispatcher.wait_idle()
-                requests_tg.cancel_scope.cancel()  # what is left is answered 503 "node stopping"
+                await self.dispatcher.cancel_all()  # what is left is answered 503 "node stopping"
+                watchers_tg.cancel_scope.cancel()
             for entry in self.table.modules.values():
                 for bundle in entry.bundles:
                     await bundle.stop()
@@ -281,19 +280,9 @@ class Node:
         target = self.state_dir / "from-source" / loaded.module.name / spec.name
 
         async def prepare() -> ChildSpec:
-            from toolchains.build import stage_bundle
+            from .source import build_from_source
 
-            def build() -> dict[str, str]:
-                work = target.with_name(target.name + ".building")
-                shutil.rmtree(work, ignore_errors=True)
-                work.mkdir(parents=True)
-                output = stage_bundle(loaded, spec, work, progress=lambda line: log.info("%s", line))
-                shutil.rmtree(target, ignore_errors=True)
-                work.rename(target)
-                return dict(output.env)
-
-            log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
-            build_env = await anyio.to_thread.run_sync(build)
+            build_env = await build_from_source(loaded, spec, target)
             env = dict(child.env)
             for k, v in build_env.items():
                 env[k] = v.replace("{bundle_dir}", str(target))
@@ -389,8 +378,8 @@ class Node:
             await sub.drain()
 
     async def _on_request(self, msg: Msg) -> None:
-        # Each call is a task owned by the node's request group: one slow tool blocks no other.
-        self._requests_tg.start_soon(self.dispatcher.serve, msg)  # type: ignore[union-attr]
+        # Each call is a task owned by the dispatcher: one slow tool blocks no other.
+        self.dispatcher.start(msg)  # type: ignore[union-attr]
 
     async def _drain_subscriptions(self) -> None:
         for subject in list(self._subs):

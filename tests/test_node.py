@@ -385,3 +385,19 @@ async def test_arguments_failing_the_input_schema_are_400_naming_the_field(tmp_p
     assert code == 200 and r["structuredContent"] == {"name": "a", "count": 2, "ratio": 1}
     assert (await bundle_status(nc, node.name, "alpha/tools"))["calls"] == 1  # the bad calls never reached the child
     await nc.close()
+
+
+async def test_calls_left_after_the_drain_timeout_are_answered_node_stopping(tmp_path: Path, node_factory) -> None:
+    make_module(tmp_path / "mods", "alpha", timeout_ms=30000)
+    config = __import__("tests.support.mesh", fromlist=["FAST_CONFIG"]).FAST_CONFIG.replace("drain_timeout_s = 10", "drain_timeout_s = 0.5")
+    node = node_factory(tmp_path / "mods", config=config)
+    nc = await client(node.bus_url())
+    await wait_state(nc, node.name, "alpha/tools", "ready")
+    calls = [asyncio.create_task(call(nc, "mesh.tool.alpha.sleep", {"seconds": 20}, timeout=15)) for _ in range(5)]
+    await asyncio.sleep(0.3)
+    node.proc.send_signal(signal.SIGTERM)
+    results = await asyncio.gather(*calls)
+    assert [code for code, _ in results] == [503] * 5
+    assert all(body["error"]["kind"] == "node_stopping" for _, body in results)
+    assert await asyncio.to_thread(node.proc.wait, 15) == 0
+    await nc.close()

@@ -1,0 +1,85 @@
+"""Compiled bundles served from source: built by their toolchain into the node's state folder.
+
+A build is kept with a digest of everything it was made from (the module folder and, inside
+this checkout, the language's SDK); the next start with the same sources reuses it, so a node
+restart does not pay for a TypeScript or Rust build again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from manifests import LoadedModule
+
+log = logging.getLogger("mesh.source")
+
+# Build outputs and caches inside a source tree: not what a build is made from.
+SKIP = frozenset({"node_modules", "target", ".git", "__pycache__", "dist", ".venv", "build", ".cache"})
+
+
+class _Stamp(msgspec.Struct):
+    digest: str
+    env: dict[str, str]
+
+
+def source_digest(folders: list[Path]) -> str:
+    h = hashlib.sha256()
+    for folder in folders:
+        for root, dirs, files in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP)
+            for name in sorted(files):
+                path = Path(root) / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                h.update(str(path.relative_to(folder)).encode() + b"\0")
+                h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _inputs(loaded: LoadedModule, language: str) -> list[Path]:
+    from toolchains.build import find_repo_root
+
+    folders = [loaded.root]
+    repo = find_repo_root(loaded.root)
+    if repo is not None and (repo / "sdk" / language).is_dir():
+        folders.append(repo / "sdk" / language)
+    return folders
+
+
+def _build(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
+    from toolchains.build import stage_bundle
+
+    stamp_path = target.with_name(target.name + ".source.json")
+    digest = source_digest(_inputs(loaded, spec.language))
+    if target.is_dir() and stamp_path.is_file():
+        try:
+            stamp = msgspec.json.decode(stamp_path.read_bytes(), type=_Stamp)
+            if stamp.digest == digest:
+                log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
+                return stamp.env
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+    log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
+    work = target.with_name(target.name + ".building")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    output = stage_bundle(loaded, spec, work, progress=lambda line: log.info("%s", line))
+    stamp_path.unlink(missing_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    work.rename(target)
+    env = dict(output.env)
+    stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, env)))
+    return env
+
+
+async def build_from_source(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
+    """The toolchain's build env of the bundle, built (or reused) in `target`."""
+    return await anyio.to_thread.run_sync(_build, loaded, spec, target)
