@@ -119,22 +119,9 @@ def _build_bundle(
     tag = f"[{module.name}/{bundle.name}]"
     progress(f"{tag} building ({bundle.language})...")
     started = time.monotonic()
-    # Each language gets its own cache folder so two toolchains never trip over each other's files.
-    language_cache = cache_dir / bundle.language
-    language_cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"mesh-stage-{module.name}-{bundle.name}-") as stage:
         stage_dir = Path(stage)
-        ctx = BuildContext(
-            module=loaded,
-            bundle=bundle,
-            source_dir=loaded.source_dir(bundle),
-            stage_dir=stage_dir,
-            cache_dir=language_cache,
-            repo_root=repo_root,
-            log=lambda line: progress(f"{tag} {line}"),
-        )
-        output = toolchain.build(ctx)
-        _check_entry(module.name, bundle, stage_dir)
+        output = _stage(loaded, bundle, toolchain, stage_dir, cache_dir, repo_root, progress)
         meta = BundleMeta(
             module=module.name,
             bundle=bundle.name,
@@ -167,7 +154,21 @@ def stage_bundle(
     """Build one bundle into `stage_dir` without packing: how a node runs compiled code from source."""
     toolchain = get_toolchain(bundle.language)
     toolchain.check()
-    language_cache = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / bundle.language
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return _stage(loaded, bundle, toolchain, stage_dir, cache, find_repo_root(loaded.root), progress)
+
+
+def _stage(
+    loaded: LoadedModule,
+    bundle: Bundle,
+    toolchain: Toolchain,
+    stage_dir: Path,
+    cache_dir: Path,
+    repo_root: Path | None,
+    progress: Callable[[str], None],
+) -> BuildOutput:
+    # Each language gets its own cache folder so two toolchains never trip over each other's files.
+    language_cache = cache_dir / bundle.language
     language_cache.mkdir(parents=True, exist_ok=True)
     tag = f"[{loaded.module.name}/{bundle.name}]"
     ctx = BuildContext(
@@ -176,7 +177,7 @@ def stage_bundle(
         source_dir=loaded.source_dir(bundle),
         stage_dir=stage_dir,
         cache_dir=language_cache,
-        repo_root=find_repo_root(loaded.root),
+        repo_root=repo_root,
         log=lambda line: progress(f"{tag} {line}"),
     )
     output = toolchain.build(ctx)
