@@ -21,7 +21,7 @@ import msgspec
 from .errors import BundleUnavailable, CallTimedOut, ChildError, ProtocolError, SessionClosed
 from .process import ChildProcess, ChildSpec
 from .reaper import Reaper, kill_marked
-from .session import Session, Tool
+from .session import Call, Session, Tool
 
 log = logging.getLogger("mesh.bundle")
 
@@ -90,6 +90,15 @@ def describe_exit(status: int) -> str:
     return f"exit code {status}"
 
 
+class Pending:
+    """A call written to a child, not yet answered."""
+
+    __slots__ = ("session", "call")
+
+    def __init__(self, session: Session, call: Call) -> None:
+        self.session, self.call = session, call
+
+
 class _Slots:
     """A bound on calls in flight; waiting is cheap when there is room (the common case)."""
 
@@ -97,6 +106,12 @@ class _Slots:
         self.size = size
         self.used = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def try_acquire(self) -> bool:
+        if self.used < self.size and not self._waiters:
+            self.used += 1
+            return True
+        return False
 
     async def acquire(self, timeout: float) -> bool:
         if self.used < self.size and not self._waiters:
@@ -161,25 +176,55 @@ class Bundle:
         self.finished = asyncio.Event()  # run() has ended: its child is gone
 
     # --- calls ----------------------------------------------------------------------------
-    async def call(self, tool_json: bytes, arguments: bytes, timeout_ms: int | None = None) -> msgspec.Raw:
-        """Forward one `tools/call`; raise BundleUnavailable at once when the child is down."""
-        timeout = (timeout_ms or self.spec.timeout_ms) / 1000
+    def begin(self, tool_json: bytes, arguments: bytes) -> "Pending | None":
+        """The fast path: when ready with a free slot, write the call now; None means use call()."""
+        session = self._session
+        if self.state != "ready" or session is None or not self._slots.try_acquire():
+            return None
+        self.calls += 1
+        try:
+            return Pending(session, session.begin_tool_call(tool_json, arguments, self.spec.timeout_ms / 1000))
+        except SessionClosed as e:
+            self._slots.release()
+            raise self.unavailable(e.reason) from e
+        except BaseException:  # the session closed under us (BundleUnavailable): the slot is free again
+            self._slots.release()
+            raise
+
+    async def finish(self, pending: "Pending") -> msgspec.Raw:
+        """The answer to a call begun with begin(); frees its slot whatever happens."""
+        try:
+            return await pending.session.result(pending.call)
+        except CallTimedOut as e:
+            raise CallTimedOut(self.key, e.what, self.spec.timeout_ms) from None
+        except SessionClosed as e:
+            raise self.unavailable(e.reason) from e
+        finally:
+            self._slots.release()
+
+    async def call(self, tool_json: bytes, arguments: bytes) -> msgspec.Raw:
+        """Forward one `tools/call`, riding over a start; BundleUnavailable at once when down."""
+        pending = self.begin(tool_json, arguments)
+        if pending is not None:
+            return await self.finish(pending)
+        timeout = self.spec.timeout_ms / 1000
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         session = self._session
         if self.state != "ready" or session is None:
             session = await self._wait_ready(deadline)
         if not await self._slots.acquire(deadline - loop.time()):
-            raise CallTimedOut(self.key, tool_json.decode(), int(timeout * 1000))
+            raise CallTimedOut(self.key, tool_json.decode(), self.spec.timeout_ms)
         self.calls += 1
         try:
-            return await session.call_tool(tool_json, arguments, max(deadline - loop.time(), 0.001))
-        except CallTimedOut as e:
-            raise CallTimedOut(self.key, e.what, int(timeout * 1000)) from None
+            call = session.begin_tool_call(tool_json, arguments, max(deadline - loop.time(), 0.001))
         except SessionClosed as e:
-            raise self.unavailable(e.reason) from e
-        finally:
             self._slots.release()
+            raise self.unavailable(e.reason) from e
+        except BaseException:
+            self._slots.release()
+            raise
+        return await self.finish(Pending(session, call))
 
     async def settle(self, timeout: float) -> None:
         """Wait while a start is in progress (at most `timeout`): a start is ridden over."""

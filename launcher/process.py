@@ -162,6 +162,7 @@ class ChildProcess:
         self._loop = asyncio.get_running_loop()
         self.last_output = self._loop.time()
         self._out: list[bytes] = []
+        self._turn_open = False
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.broken_reason: str | None = None
 
@@ -191,21 +192,25 @@ class ChildProcess:
         return child
 
     def write(self, data: bytes) -> None:
-        """Queue a message; every message queued in one turn of the loop goes in one write."""
+        """Send a message. The first in a turn of the event loop goes at once (no added
+        latency); the others of the same turn are joined into one write at its end."""
         stdin = self._stdin
         if stdin is None or stdin.is_closing():
             raise BrokenPipeError("the child's stdin is closed")
-        if self._out:
+        if self._turn_open:
             self._out.append(data)
             return
-        self._out = [data]
-        self._loop.call_soon(self._flush_out)
+        stdin.write(data)
+        self._turn_open = True
+        self._loop.call_soon(self._end_turn)
 
-    def _flush_out(self) -> None:
-        out, self._out = self._out, []
-        stdin = self._stdin
-        if stdin is not None and not stdin.is_closing():
-            stdin.write(out[0] if len(out) == 1 else b"".join(out))
+    def _end_turn(self) -> None:
+        self._turn_open = False
+        if self._out:
+            out, self._out = self._out, []
+            stdin = self._stdin
+            if stdin is not None and not stdin.is_closing():
+                stdin.write(b"".join(out))
 
     async def wait(self) -> int:
         """The exit status. Shielded: a cancelled waiter must not cancel the shared future."""

@@ -42,6 +42,15 @@ class Incoming(msgspec.Struct):
     params: msgspec.Raw = msgspec.Raw(b"")
 
 
+class Call:
+    """A request on its way: its id, the future its answer resolves, its timeout."""
+
+    __slots__ = ("rid", "fut", "timer")
+
+    def __init__(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timer: asyncio.TimerHandle) -> None:
+        self.rid, self.fut, self.timer = rid, fut, timer
+
+
 class Tool(msgspec.Struct):
     name: str
     description: str = ""
@@ -177,17 +186,20 @@ class Session:
             raise SessionClosed(self.name, f"cannot write to the child: {e}") from e
         return rid, fut
 
-    async def _wait(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timeout: float, what: str) -> msgspec.Raw:
-        handle = self._loop.call_later(timeout, self._expire, rid, fut, what, timeout)
+    def _arm(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timeout: float, what: str) -> "Call":
+        return Call(rid, fut, self._loop.call_later(timeout, self._expire, rid, fut, what, timeout))
+
+    async def result(self, call: "Call") -> msgspec.Raw:
+        """The answer to a call begun with `begin_tool_call`."""
         try:
-            return await fut
+            return await call.fut
         except asyncio.CancelledError:
             # The caller went away (node stopping, request abandoned): tell the child too.
-            if self._pending.pop(rid, None) is not None:
-                self._cancel_in_child(rid, "the caller cancelled the call")
+            if self._pending.pop(call.rid, None) is not None:
+                self._cancel_in_child(call.rid, "the caller cancelled the call")
             raise
         finally:
-            handle.cancel()
+            call.timer.cancel()
 
     def _expire(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", what: str, timeout: float) -> None:
         if self._pending.pop(rid, None) is None or fut.done():
@@ -205,14 +217,21 @@ class Session:
         head = b'"method":' + _encode(method)
         tail = b',"params":' + _encode(params) if params is not None else b""
         rid, fut = self._start(head, tail)
-        return await self._wait(rid, fut, timeout, method)
+        return await self.result(self._arm(rid, fut, timeout, method))
 
-    async def call_tool(self, tool: bytes, arguments: bytes, timeout: float) -> msgspec.Raw:
-        """`tools/call`; `tool` is the JSON-encoded name, `arguments` a JSON object as sent."""
+    def begin_tool_call(self, tool: bytes, arguments: bytes, timeout: float) -> "Call":
+        """Write a `tools/call` now; `tool` is the JSON-encoded name, `arguments` a JSON object as sent.
+
+        Not a coroutine: the request is on its way to the child before the caller's task is
+        even scheduled, which is one turn of the event loop saved on every call.
+        """
         if b"\n" in arguments or b"\r" in arguments:
             arguments = _format(arguments, indent=0)  # one message, one line
         rid, fut = self._start(b'"method":"tools/call","params":{"name":' + tool, b',"arguments":' + arguments + b"}")
-        return await self._wait(rid, fut, timeout, tool.decode())
+        return self._arm(rid, fut, timeout, tool.decode())
+
+    async def call_tool(self, tool: bytes, arguments: bytes, timeout: float) -> msgspec.Raw:
+        return await self.result(self.begin_tool_call(tool, arguments, timeout))
 
     @property
     def in_flight(self) -> int:

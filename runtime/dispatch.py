@@ -15,6 +15,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from launcher.bundle import Pending
 from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
 
 from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
@@ -39,13 +40,28 @@ class Dispatcher:
         self.node = node
         self.in_flight = 0
         self.answered = 0
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: asyncio.Event | None = None  # made only when someone waits for it
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
 
     def start(self, msg: Msg) -> None:
-        task = self._loop.create_task(self.serve(msg))
+        """Take one request, in the subscription's callback.
+
+        When the route is known and its bundle ready, the call is checked and written to the
+        child right here; the task only waits for the answer and replies. Everything else
+        (a start to ride over, an error to render) happens in the task.
+        """
+        started = time.perf_counter_ns()
+        self.in_flight += 1
+        route = self.table.routes.get(msg.subject)
+        begun: Pending | BaseException | None = None
+        if route is not None:
+            try:
+                data = self._checked(route, msg.data)
+                begun = route.bundle.begin(route.tool_json, data)
+            except (NodeError, BundleUnavailable) as e:
+                begun = e
+        task = self._loop.create_task(self.serve(msg, route, begun, started))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -61,20 +77,23 @@ class Dispatcher:
     def max_payload(self) -> int:
         return self.nc.max_payload or 1024 * 1024
 
-    async def serve(self, msg: Msg) -> None:
+    async def serve(self, msg: Msg, route: Route | None, begun: "Pending | BaseException | None", started: int) -> None:
         """Answer one request; never raises for anything a caller or a child does."""
-        started = time.perf_counter_ns()
-        if self.in_flight == 0:
-            self._idle = anyio.Event()
-        self.in_flight += 1
-        route: Route | None = None
         error: NodeError | None = None
         body = b""
         try:
-            route = self.table.routes.get(msg.subject)
-            if route is None:
-                route = await self._route_after_start(msg.subject)
-            body = await self._call(route, msg.data)
+            if isinstance(begun, BaseException):
+                raise begun
+            if begun is not None:
+                assert route is not None
+                result = await route.bundle.finish(begun)
+            else:
+                if route is None:
+                    route = await self._route_after_start(msg.subject)
+                result = await route.bundle.call(route.tool_json, self._checked(route, msg.data))
+            if len(result) > self.max_payload:
+                raise TooLarge(route.subject, f"the result of {route.tool}", len(result), self.max_payload)
+            body = bytes(result)
         except NodeError as e:
             error = e
         except BundleUnavailable as e:
@@ -101,7 +120,7 @@ class Dispatcher:
                     route.last_error = f"{error.code}:{error}"[:512]
             self.answered += 1
             self.in_flight -= 1
-            if self.in_flight == 0:
+            if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
 
     async def _route_after_start(self, subject: str) -> Route:
@@ -110,30 +129,27 @@ class Dispatcher:
             await bundle.settle(bundle.spec.timeout_ms / 1000)
         return self.table.resolve(subject)
 
-    async def _call(self, route: Route, data: bytes) -> bytes:
+    def _checked(self, route: Route, data: bytes) -> bytes:
+        """The body as it goes to the child, or BadRequest naming what is wrong."""
         subject = route.subject
         if not data:
-            data = _EMPTY
             if route.checker is not None and (problem := route.checker.problem({})) is not None:
                 raise BadRequest(subject, problem[1], field=problem[0])
-        else:
-            try:
-                data.decode("utf-8")  # msgspec.Raw does not look inside strings; a child must get UTF-8
-                args = _check_object(data)
-            except UnicodeDecodeError as e:
-                raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object")
-            except RecursionError:
-                raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object")
-            except msgspec.ValidationError:
-                raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
-            except msgspec.DecodeError as e:
-                raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object")
-            if route.checker is not None and (problem := route.checker.problem(args)) is not None:
-                raise BadRequest(subject, problem[1], field=problem[0])
-        result = await route.bundle.call(route.tool_json, data)
-        if len(result) > self.max_payload:
-            raise TooLarge(subject, f"the result of {route.tool}", len(result), self.max_payload)
-        return bytes(result)
+            return _EMPTY
+        try:
+            data.decode("utf-8")  # msgspec.Raw does not look inside strings; a child must get UTF-8
+            args = _check_object(data)
+        except UnicodeDecodeError as e:
+            raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object")
+        except RecursionError:
+            raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object")
+        except msgspec.ValidationError:
+            raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
+        except msgspec.DecodeError as e:
+            raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object")
+        if route.checker is not None and (problem := route.checker.problem(args)) is not None:
+            raise BadRequest(subject, problem[1], field=problem[0])
+        return data
 
     async def _reply(self, msg: Msg, body: bytes | None, error: NodeError | None) -> None:
         if not msg.reply:
@@ -148,7 +164,9 @@ class Dispatcher:
             log.warning("could not answer %s: %s", msg.subject, e)
 
     async def wait_idle(self) -> None:
-        await self._idle.wait()
+        while self.in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
 
 
 def _child_error(subject: str, e: ChildError) -> NodeError:
