@@ -160,10 +160,13 @@ class Node:
             async with anyio.create_task_group() as watchers_tg:
                 await self.service.start()
                 await self._start_control()
-                if any(not s.stateless for p in placements for s in p.loaded.module.seat):
-                    self._held_elsewhere = await self._seats_held_elsewhere()  # one look for them all
+                # Every child starts at once; the seats follow one look at the bus for them all.
                 for placement in placements:
-                    await self.add_module(placement)
+                    await self.add_module(placement, claim_seats=False)
+                if any(not s.stateless for p in placements for s in p.loaded.module.seat):
+                    self._held_elsewhere = await self._seats_held_elsewhere()
+                for placement in placements:
+                    await self._claim_seats(placement, None)
                 self._held_elsewhere = None  # modules delivered later ask again
                 if self.config.membership:
                     reconciler = Reconciler(
@@ -192,7 +195,7 @@ class Node:
             await sub.unsubscribe()
 
     # --- modules --------------------------------------------------------------------------
-    async def add_module(self, placement: Placement) -> None:
+    async def add_module(self, placement: Placement, claim_seats: bool = True) -> None:
         """Serve a module; a module already served is upgraded in place, its calls ridden over."""
         module = placement.loaded.module
         old = self.table.modules.get(module.name)
@@ -202,23 +205,33 @@ class Node:
             self._release_seats(old)
         self.table.modules[module.name] = entry
         self.sources[module.name] = str(placement.loaded.root)
-        wanted = module.seat_names() if placement.seats is None else placement.seats
-        for seat in wanted:
-            await self._claim_seat(entry, seat, stateless=any(s.stateless for s in module.seat if s.name == seat))
-        for seat in old.seats if old is not None else []:
-            if seat not in entry.seats:
-                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
-        await self._subscribe(f"{TOOL_PREFIX}{module.name}.>")
         for bundle in bundles:
-            self._bundles_tg.start_soon(bundle.run)
+            self._bundles_tg.start_soon(bundle.run)  # children start while the seats are looked at
+        if claim_seats:
+            await self._claim_seats(placement, old)
+        await self._subscribe(f"{TOOL_PREFIX}{module.name}.>")
         self.table.rebuild()
-        log.info("module %s %s: %d tools bundles, seats held: %s", module.name, module.version, len(bundles), entry.seats or "none")
         if old is not None:
             # The old version answers what it holds, then goes; new calls already wait for the new one.
             for bundle in old.bundles:
                 await bundle.drain(self.config.drain_timeout_s)
                 await bundle.stop()
                 await bundle.finished.wait()
+
+    async def _claim_seats(self, placement: Placement, old: ModuleEntry | None) -> None:
+        module = placement.loaded.module
+        entry = self.table.modules[module.name]
+        wanted = module.seat_names() if placement.seats is None else placement.seats
+        for seat in wanted:
+            await self._claim_seat(entry, seat, stateless=any(s.stateless for s in module.seat if s.name == seat))
+        for seat in old.seats if old is not None else []:
+            if seat not in entry.seats:
+                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
+        self.table.rebuild()
+        log.info(
+            "module %s %s: %d tools bundles, seats held: %s",
+            module.name, module.version, len(entry.bundles), entry.seats or "none",
+        )
 
     def _bundle(self, placement: Placement, spec: Any) -> Bundle:
         module = placement.loaded.module
