@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,35 @@ SKIP = frozenset({"node_modules", "target", ".git", "__pycache__", "dist", ".ven
 class _Stamp(msgspec.Struct):
     digest: str
     env: dict[str, str]
+    listing: str = ""  # names, sizes and mtimes: when they are unchanged, the contents are not read
 
 
-def source_digest(folders: list[Path]) -> str:
-    h = hashlib.sha256()
-    for folder in folders:
+def _files(folders: list[Path]) -> list[tuple[Path, str, os.stat_result]]:
+    found = []
+    for i, folder in enumerate(folders):
         for root, dirs, files in os.walk(folder):
             dirs[:] = sorted(d for d in dirs if d not in SKIP)
             for name in sorted(files):
                 path = Path(root) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                h.update(str(path.relative_to(folder)).encode() + b"\0")
-                h.update(hashlib.sha256(path.read_bytes()).digest())
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # links and special files are not what a build reads here
+                found.append((path, f"{i}/{path.relative_to(folder)}", st))
+    return found
+
+
+def _listing(files: list[tuple[Path, str, os.stat_result]]) -> str:
+    h = hashlib.sha256()
+    for _, rel, st in files:
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def source_digest(folders: list[Path], files: list[tuple[Path, str, os.stat_result]] | None = None) -> str:
+    h = hashlib.sha256()
+    for path, rel, _ in files if files is not None else _files(folders):
+        h.update(rel.encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 
 
@@ -58,15 +75,23 @@ def _build(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
     from toolchains.build import stage_bundle
 
     stamp_path = target.with_name(target.name + ".source.json")
-    digest = source_digest(_inputs(loaded, spec.language))
+    folders = _inputs(loaded, spec.language)
+    files = _files(folders)
+    listing = _listing(files)
+    stamp: _Stamp | None = None
     if target.is_dir() and stamp_path.is_file():
         try:
             stamp = msgspec.json.decode(stamp_path.read_bytes(), type=_Stamp)
-            if stamp.digest == digest:
-                log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
-                return stamp.env
         except (msgspec.DecodeError, msgspec.ValidationError):
-            pass
+            stamp = None
+    if stamp is not None and stamp.listing == listing:
+        log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
+        return stamp.env
+    digest = source_digest(folders, files)
+    if stamp is not None and stamp.digest == digest:
+        stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, stamp.env, listing)))
+        log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
+        return stamp.env
     log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
     work = target.with_name(target.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
@@ -76,7 +101,7 @@ def _build(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)
     env = dict(output.env)
-    stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, env)))
+    stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, env, listing)))
     return env
 
 
