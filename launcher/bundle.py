@@ -407,7 +407,19 @@ class Bundle:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._end_child(child, session)
+                if ready_at is None:
+                    await self._last_words(child)
         return ready_at
+
+    async def _last_words(self, child: ChildProcess) -> None:
+        """A child that never became ready usually said why on stderr: put that in last_error."""
+        with anyio.move_on_after(0.2):
+            await asyncio.shield(child.stderr_closed)
+        if self.stderr_tail:
+            last = self.stderr_tail[-1].strip()
+            base = (self.last_error or "").split("; it said: ")[0]
+            if last and last not in base:
+                self.last_error = f"{base}; it said: {last}" if base else f"it said: {last}"
 
     async def _watch_exit(self, child: ChildProcess, scope: anyio.CancelScope) -> None:
         await child.wait()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import grp
 import os
 import pwd
+import shutil
 import signal
+import subprocess
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,6 +41,30 @@ class ChildSpec:
 
 class LineTooLong(Exception):
     pass
+
+
+def _setpriv() -> str | None:
+    """util-linux's setpriv, when it can set the parent-death signal (2.33 and later)."""
+    found = shutil.which("setpriv")
+    if found is None:
+        return None
+    try:
+        ok = subprocess.run([found, "--pdeathsig", "KILL", "--", "true"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found if ok else None
+
+
+SETPRIV = _setpriv()
+
+
+def _check_runnable(program: str, path: str | None) -> None:
+    """Raise the OSError exec would raise for a missing or non-executable program."""
+    found = program if "/" in program else shutil.which(program, path=path)
+    if found is None or not os.path.isfile(found):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if not os.access(found, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:
@@ -109,6 +136,10 @@ class _Protocol(asyncio.SubprocessProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
+        # Known from the first callback: a child that dies at once can exit before
+        # subprocess_exec returns, and its exit must still find the transport.
+        self.child._transport = transport
+        self.child.pid = transport.get_pid()
         for fd in (1, 2):
             pipe = transport.get_pipe_transport(fd)
             if pipe is not None and hasattr(pipe, "max_size"):
@@ -133,6 +164,8 @@ class _Protocol(asyncio.SubprocessProtocol):
             self.child._stdout.flush()
         elif fd == 2:
             self.child._stderr.flush()
+            if not self.child.stderr_closed.done():
+                self.child.stderr_closed.set_result(None)
 
     def process_exited(self) -> None:
         self.child._on_exit()
@@ -164,6 +197,7 @@ class ChildProcess:
         self._out: list[bytes] = []
         self._turn_open = False
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.stderr_closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.broken_reason: str | None = None
 
     @classmethod
@@ -171,16 +205,23 @@ class ChildProcess:
         loop = asyncio.get_running_loop()
         child = cls(on_stdout, on_stderr, spec)
         group, extra_groups = _identity(spec.user, spec.group)
+        # The parent-death signal is set by setpriv, which then execs the child in place (same
+        # pid): without a preexec_fn, Python spawns with vfork, 2.7 ms -> 0.8 ms a child for a
+        # node-sized process. Without setpriv, a preexec_fn sets it (and the reaper covers both).
+        if SETPRIV:
+            _check_runnable(spec.argv[0], spec.env.get("PATH"))  # what exec would say, said here
+        argv = [SETPRIV, "--pdeathsig", "KILL", "--", *spec.argv] if SETPRIV else spec.argv
+        preexec = None if SETPRIV else _die_with_parent(os.getpid())
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(child),
-            *spec.argv,
+            *argv,
             cwd=spec.cwd,
             env=spec.env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            preexec_fn=preexec,
             user=spec.user,
             group=group,
             extra_groups=extra_groups,
@@ -254,8 +295,7 @@ class ChildProcess:
         self.kill()
 
     def _on_exit(self) -> None:
-        assert self._transport is not None
-        code = self._transport.get_returncode()
+        code = self._transport.get_returncode() if self._transport is not None else None
         # Grandchildren left in the group do not outlive their parent's restart.
         self.signal_group(signal.SIGKILL)
         if not self.exited.done():
