@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import functools
 import grp
 import os
 import pwd
 import shutil
 import signal
 import subprocess
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,12 +41,28 @@ class ChildSpec:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def use_pidfd_child_watcher() -> None:
+    """Python 3.11 waits for each child in a thread of its own; a pidfd per child is cheaper."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if hasattr(asyncio, "PidfdChildWatcher") and not isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher):
+            try:
+                watcher = asyncio.PidfdChildWatcher()
+                asyncio.set_child_watcher(watcher)
+                watcher.attach_loop(asyncio.get_running_loop())
+            except (OSError, NotImplementedError):
+                pass
+
+
 class LineTooLong(Exception):
     pass
 
 
+@functools.cache
 def _setpriv() -> str | None:
-    """util-linux's setpriv, when it can set the parent-death signal (2.33 and later)."""
+    """util-linux's setpriv, when it can set the parent-death signal (2.33 and later).
+
+    Asked once, at the first spawn, not when the module is imported."""
     found = shutil.which("setpriv")
     if found is None:
         return None
@@ -54,8 +72,6 @@ def _setpriv() -> str | None:
         return None
     return found if ok else None
 
-
-SETPRIV = _setpriv()
 
 
 def _check_runnable(program: str, path: str | None) -> None:
@@ -208,10 +224,11 @@ class ChildProcess:
         # The parent-death signal is set by setpriv, which then execs the child in place (same
         # pid): without a preexec_fn, Python spawns with vfork, 2.7 ms -> 0.8 ms a child for a
         # node-sized process. Without setpriv, a preexec_fn sets it (and the reaper covers both).
-        if SETPRIV:
+        setpriv = _setpriv()
+        if setpriv:
             _check_runnable(spec.argv[0], spec.env.get("PATH"))  # what exec would say, said here
-        argv = [SETPRIV, "--pdeathsig", "KILL", "--", *spec.argv] if SETPRIV else spec.argv
-        preexec = None if SETPRIV else _die_with_parent(os.getpid())
+        argv = [setpriv, "--pdeathsig", "KILL", "--", *spec.argv] if setpriv else spec.argv
+        preexec = None if setpriv else _die_with_parent(os.getpid())
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(child),
             *argv,

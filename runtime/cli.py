@@ -7,19 +7,21 @@ Exit codes: 0 ok, 1 a check or call failed, 2 bad usage or the bus could not be 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import anyio
 import msgspec
+from nats.aio.client import Client
 
 from .bus import BusError, BusInfo, connect, read_bus_info
-from .config import ConfigError, NatsConfig, NodeConfig, default_state_dir, finish, load_config
+from .config import ConfigError, NatsConfig, default_state_dir, finish, load_config
 from .errors import HEADER_CODE, HEADER_TEXT
 
 log = logging.getLogger("mesh.cli")
@@ -85,21 +87,29 @@ def _client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
     return msgspec.structs.replace(cfg, url=info.url), info.node
 
 
-async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Any:
-    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
-
+@contextlib.asynccontextmanager
+async def _bus(cfg: NatsConfig) -> AsyncIterator[Client]:
+    """A connection for one command, closed when it is done; no bus is one line, not a traceback."""
     try:
         nc = await connect(cfg, "meshctl", quiet=True)
     except BusError as e:
         raise CliError(str(e))
     try:
-        return await nc.request(subject, body, timeout=timeout)
-    except NoRespondersError:
-        raise CliError(f"nobody on the bus serves {subject}", code=1)
-    except NatsTimeout:
-        raise CliError(f"no answer on {subject} within {timeout:g} s", code=1)
+        yield nc
     finally:
         await nc.close()
+
+
+async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Any:
+    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+
+    async with _bus(cfg) as nc:
+        try:
+            return await nc.request(subject, body, timeout=timeout)
+        except NoRespondersError:
+            raise CliError(f"nobody on the bus serves {subject}", code=1)
+        except NatsTimeout:
+            raise CliError(f"no answer on {subject} within {timeout:g} s", code=1)
 
 
 # --- node run -------------------------------------------------------------------------
@@ -249,32 +259,16 @@ def cmd_call(args: argparse.Namespace) -> int:
     return 1 if result.get("isError") else 0
 
 
-async def _gather(cfg: NatsConfig, subject: str, wait: float) -> list[dict[str, Any]]:
-    try:
-        nc = await connect(cfg, "meshctl", quiet=True)
-    except BusError as e:
-        raise CliError(str(e))
-    replies: list[dict[str, Any]] = []
-    try:
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        await nc.publish(subject, b"", reply=inbox)
-        with anyio.move_on_after(wait):
-            while True:
-                m = await sub.next_msg(timeout=wait)
-                replies.append(json.loads(m.data))
-    except Exception:  # the window closed; what came is the answer
-        pass
-    finally:
-        await nc.close()
-    return replies
+async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:
+    from .service import collect_infos
+
+    async with _bus(cfg) as nc:
+        return await collect_infos(nc, wait)
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from .service import SERVICE_NAME
-
     cfg, _ = _client_config(args)
-    infos = anyio.run(_gather, cfg, f"$SRV.INFO.{SERVICE_NAME}", args.wait)
+    infos = anyio.run(_infos, cfg, args.wait)
     rows = [("SUBJECT", "KIND", "MODULE", "BUNDLE", "NODE")]
     seen: list[tuple[str, ...]] = []
     for info in infos:
@@ -309,14 +303,10 @@ def cmd_module_check(args: argparse.Namespace) -> int:
 
 def cmd_bundle_build(args: argparse.Namespace) -> int:
     from manifests import ManifestError
+    from toolchains.artifact import ArtifactError
     from toolchains.base import BuildFailed, ToolchainMissing
-    from toolchains.build import build_module
+    from toolchains.build import BuildError, build_module
 
-    try:
-        from toolchains.artifact import ArtifactError
-        from toolchains.build import BuildError
-    except ImportError:  # pragma: no cover - both ship together
-        ArtifactError = BuildError = RuntimeError  # type: ignore[misc,assignment]
     out = Path(args.out)
     try:
         for module_dir in args.modules:
@@ -344,16 +334,11 @@ def cmd_bundle_deliver(args: argparse.Namespace) -> int:
             raise CliError(f"{path}: no such artifact; build one with `meshctl bundle build MODULE_DIR --out DIR`")
 
     async def run() -> None:
-        try:
-            nc = await connect(cfg, "meshctl", quiet=True)
-        except BusError as e:
-            raise CliError(str(e))
-        try:
-            await deliver(nc, paths, node, args.seat, progress=lambda line: print(line, flush=True))
-        except DeliveryError as e:
-            raise CliError(str(e), code=1)
-        finally:
-            await nc.close()
+        async with _bus(cfg) as nc:
+            try:
+                await deliver(nc, paths, node, args.seat, progress=lambda line: print(line, flush=True))
+            except DeliveryError as e:
+                raise CliError(str(e), code=1)
 
     anyio.run(run)
     return 0
@@ -368,16 +353,11 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
         raise CliError("which node? name it with --node NAME")
 
     async def run() -> None:
-        try:
-            nc = await connect(cfg, "meshctl", quiet=True)
-        except BusError as e:
-            raise CliError(str(e))
-        try:
-            membership = await remove(nc, args.modules, node)
-        except DeliveryError as e:
-            raise CliError(str(e), code=1)
-        finally:
-            await nc.close()
+        async with _bus(cfg) as nc:
+            try:
+                membership = await remove(nc, args.modules, node)
+            except DeliveryError as e:
+                raise CliError(str(e), code=1)
         print(f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}")
 
     anyio.run(run)

@@ -6,13 +6,11 @@ named in an ERROR line and in status; every other bundle serves.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -25,7 +23,7 @@ from nats.aio.subscription import Subscription
 
 from launcher.bundle import Bundle, BundleSpec, BundleStatus
 from launcher.env import child_env, resolve_argv
-from launcher.process import ChildSpec
+from launcher.process import ChildSpec, use_pidfd_child_watcher
 from launcher.reaper import MARKER_VAR, Reaper, kill_marked
 from manifests import LoadedModule, ManifestError, find_modules, load_module
 
@@ -33,8 +31,8 @@ from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
 from .config import NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
-from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, Route, RouteTable
-from .service import SERVICE_NAME, Service
+from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
+from .service import Service, collect_infos
 
 log = logging.getLogger("mesh.node")
 
@@ -116,7 +114,7 @@ class Node:
         await self._ready.wait()
 
     async def run(self, placements: list[Placement] | None = None) -> None:
-        _use_pidfd_child_watcher()
+        use_pidfd_child_watcher()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         embedded: EmbeddedServer | None = None
         if not self.config.nats.url:
@@ -363,26 +361,12 @@ class Node:
         hold the node's start for ten seconds; the node asks once for all its placements."""
         assert self.nc is not None and self.service is not None
         held: dict[str, str] = {}
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
-        try:
-            await self.nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
-            with anyio.move_on_after(0.3):
-                while True:
-                    msg = await sub.next_msg(timeout=0.3)
-                    try:
-                        info = msgspec.json.decode(msg.data)
-                    except msgspec.DecodeError:
-                        continue  # a malformed answer says nothing
-                    if info.get("id") == self.service.id:
-                        continue
-                    meta = info.get("metadata") or {}
-                    for seat in filter(None, (meta.get("seats") or "").split(",")):
-                        held.setdefault(seat, meta.get("node") or info.get("id"))
-        except Exception:  # the window closed: what came is the answer
-            pass
-        finally:
-            await sub.unsubscribe()
+        for info in await collect_infos(self.nc, 0.3):
+            if info.get("id") == self.service.id:
+                continue
+            meta = info.get("metadata") or {}
+            for seat in filter(None, (meta.get("seats") or "").split(",")):
+                held.setdefault(seat, meta.get("node") or info.get("id"))
         return held
 
     def _delivery_report(self, module: str, problem: str | None) -> None:
@@ -494,16 +478,3 @@ def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:
         names[loaded.module.name] = loaded.path
         placements.append(from_source(loaded))
     return placements, problems
-
-
-def _use_pidfd_child_watcher() -> None:
-    # Python 3.11 waits for each child in a thread of its own; a pidfd per child is cheaper.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if hasattr(asyncio, "PidfdChildWatcher") and not isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher):
-            try:
-                watcher = asyncio.PidfdChildWatcher()
-                asyncio.set_child_watcher(watcher)
-                watcher.attach_loop(asyncio.get_running_loop())
-            except (OSError, NotImplementedError):
-                pass

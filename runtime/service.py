@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from typing import Any, Callable
 
+import anyio
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -25,6 +26,30 @@ SERVICE_NAME = "mesh-node"
 SERVICE_VERSION = "0.1.0"
 
 _encode = msgspec.json.encode
+
+
+async def collect_infos(nc: Client, wait: float) -> list[dict[str, Any]]:
+    """Every node's Service API INFO answer that arrives within `wait` seconds.
+
+    Several nodes answer one request, so this is a publish and a window, not nc.request.
+    """
+    infos: list[dict[str, Any]] = []
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
+        with anyio.move_on_after(wait):
+            while True:
+                msg = await sub.next_msg(timeout=wait)
+                try:
+                    infos.append(msgspec.json.decode(msg.data))
+                except msgspec.DecodeError:
+                    continue  # a malformed answer says nothing
+    except Exception:  # the window closed: what came is the answer
+        pass
+    finally:
+        await sub.unsubscribe()
+    return infos
 
 
 class Service:
