@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import io
-import json
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from pathlib import Path

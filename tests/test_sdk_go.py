@@ -7,19 +7,16 @@ stdio client. Needs `go`; without it every test here is skipped with the reason 
 
 from __future__ import annotations
 
-import json
-import queue
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from manifests import load_module
+from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
-from toolchains.base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.go import TOOLCHAIN
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,35 +25,13 @@ MODULE_DIR = REPO / "bundles" / "hello-go"
 pytestmark = [pytest.mark.slow, pytest.mark.toolchain("go")]
 
 
-def _require_go() -> None:
-    try:
-        TOOLCHAIN.check()
-    except ToolchainMissing as e:
-        print(f"SKIPPED: {e}")
-        pytest.skip(str(e))
-
-
-def _context(module_dir: Path, stage: Path, cache: Path) -> BuildContext:
-    loaded = load_module(module_dir)
-    bundle = loaded.module.tools_bundles()[0]
-    stage.mkdir(parents=True)
-    return BuildContext(
-        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
-        stage_dir=stage, cache_dir=cache, repo_root=REPO, log=lambda _: None,
-    )
-
-
-def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, Path]:
     """hello-go built twice into two stages; returns (first stage, its output, second stage)."""
-    _require_go()
+    require(TOOLCHAIN)
     base = tmp_path_factory.mktemp("go-build")
-    first = _context(MODULE_DIR, base / "stage1", base / "cache")
-    second = _context(MODULE_DIR, base / "stage2", base / "cache")
+    first = build_context(MODULE_DIR, base / "stage1", base / "cache")
+    second = build_context(MODULE_DIR, base / "stage2", base / "cache")
     out1 = TOOLCHAIN.build(first)
     out2 = TOOLCHAIN.build(second)
     assert out1 == out2
@@ -77,7 +52,7 @@ def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[Std
 
 def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
     stage1, out, stage2 = built
-    tree1, tree2 = _tree(stage1), _tree(stage2)
+    tree1, tree2 = file_tree(stage1), file_tree(stage2)
     assert list(tree1) == ["bin/hello-go"]
     assert tree1 == tree2, "two builds of the same source differ"
     binary = tree1["bin/hello-go"][0]
@@ -116,57 +91,25 @@ def test_initialize_list_and_call(child: StdioClient, tmp_path: Path) -> None:
     assert child.close() == 0, "closing stdin must end the child cleanly"
 
 
-def _read_replies(client: StdioClient, count: int, timeout: float) -> list[dict[str, Any]]:
-    """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
-
-    A reader thread does the blocking reads, so a child that never answers fails the test
-    after `timeout` instead of hanging it.
-    """
-    stdout = client.proc.stdout
-    assert stdout is not None
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
-    deadline = time.monotonic() + timeout
-    replies = []
-    for _ in range(count):
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
-        assert line, "child closed stdout"
-        replies.append(json.loads(line))
-    return replies
-
-
 def test_many_calls_in_flight(child: StdioClient) -> None:
     child.initialize()
-    sent: dict[int, tuple[str, str]] = {}
+    calls: dict[int, tuple[str, dict[str, Any]]] = {}
     for i in range(20):
         ident = 1000 + i
-        if i % 2:
-            sent[ident] = ("clock.now", "")
-            child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
-                         "params": {"name": "clock.now", "arguments": {}}})
-        else:
-            sent[ident] = ("greet", f"Hello, n{i}! (go)")
-            child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
-                         "params": {"name": "greet", "arguments": {"name": f"n{i}"}}})
-    replies: dict[int, dict[str, Any]] = {}
-    for reply in _read_replies(child, len(sent), timeout=10):
-        assert reply["id"] in sent and reply["id"] not in replies, reply
-        replies[reply["id"]] = reply
-    for ident, (tool, text) in sent.items():
-        result = replies[ident]["result"]
+        calls[ident] = ("clock.now", {}) if i % 2 else ("greet", {"name": f"n{i}"})
+    results = child.calls_in_flight(calls, timeout=10)
+    for ident, (tool, arguments) in calls.items():
+        result = results[ident]
         assert not result.get("isError"), result
         if tool == "greet":
-            assert result["structuredContent"] == {"greeting": text}
+            assert result["structuredContent"] == {"greeting": f"Hello, {arguments['name']}! (go)"}
         else:
             assert result["structuredContent"]["now"] == result["content"][0]["text"]
 
 
 def test_sdk_unit_tests() -> None:
     """`go test` of sdk/go: seat-verb names, facts, typed tools, a slow call not blocking a fast one."""
-    _require_go()
+    require(TOOLCHAIN)
     proc = subprocess.run(
         ["go", "test", "-count=1", "./..."], cwd=REPO / "sdk" / "go", capture_output=True, text=True, timeout=600
     )
@@ -181,7 +124,7 @@ def test_missing_go_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 
 
 def test_compile_error_is_build_failed(tmp_path: Path) -> None:
-    _require_go()
+    require(TOOLCHAIN)
     module = tmp_path / "broken"
     (module / "src").mkdir(parents=True)
     (module / "module.toml").write_text(
@@ -191,5 +134,5 @@ def test_compile_error_is_build_failed(tmp_path: Path) -> None:
     (module / "src" / "go.mod").write_text("module broken\n\ngo 1.25.0\n")
     (module / "src" / "main.go").write_text("package main\n\nfunc main() { undefinedThing() }\n")
     with pytest.raises(BuildFailed) as e:
-        TOOLCHAIN.build(_context(module, tmp_path / "stage", tmp_path / "cache"))
+        TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "undefinedThing" in e.value.output

@@ -9,20 +9,17 @@ first run pays for compiling the dependencies (about a minute on two cores).
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from manifests import load_module
+from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
-from toolchains.base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.rust import JOBS, TOOLCHAIN
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,37 +29,15 @@ CACHE = REPO / ".cache" / "toolchains" / "rust"
 pytestmark = [pytest.mark.slow, pytest.mark.toolchain("rust")]
 
 
-def _require_cargo() -> None:
-    try:
-        TOOLCHAIN.check()
-    except ToolchainMissing as e:
-        print(f"SKIPPED: {e}")
-        pytest.skip(str(e))
-
-
-def _context(module_dir: Path, stage: Path, cache: Path) -> BuildContext:
-    loaded = load_module(module_dir)
-    bundle = loaded.module.tools_bundles()[0]
-    stage.mkdir(parents=True)
-    return BuildContext(
-        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
-        stage_dir=stage, cache_dir=cache, repo_root=REPO, log=lambda _: None,
-    )
-
-
-def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, Path]:
     """hello-rust built twice into two stages; returns (first stage, its output, second stage)."""
-    _require_cargo()
+    require(TOOLCHAIN)
     base = tmp_path_factory.mktemp("rust-build")
     started = time.monotonic()
-    out1 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage1", CACHE))
+    out1 = TOOLCHAIN.build(build_context(MODULE_DIR, base / "stage1", CACHE))
     first = time.monotonic() - started
-    out2 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage2", CACHE))
+    out2 = TOOLCHAIN.build(build_context(MODULE_DIR, base / "stage2", CACHE))
     print(f"hello-rust: first build {first:.1f}s, second {time.monotonic() - started - first:.1f}s")
     assert out1 == out2
     return base / "stage1", out1, base / "stage2"
@@ -82,7 +57,7 @@ def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[Std
 
 def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
     stage1, out, stage2 = built
-    tree1, tree2 = _tree(stage1), _tree(stage2)
+    tree1, tree2 = file_tree(stage1), file_tree(stage2)
     assert list(tree1) == ["bin/hello-rust"]
     assert tree1 == tree2, "two builds of the same source differ"
     binary = tree1["bin/hello-rust"][0]
@@ -121,42 +96,13 @@ def test_initialize_list_and_call(child: StdioClient, tmp_path: Path) -> None:
     assert time.monotonic() - started < 2, "closing stdin must end the child at once"
 
 
-def _read_replies(client: StdioClient, count: int, timeout: float) -> list[dict[str, Any]]:
-    """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
-
-    A reader thread does the blocking reads, so a child that never answers fails the test
-    after `timeout` instead of hanging it.
-    """
-    stdout = client.proc.stdout
-    assert stdout is not None
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
-    deadline = time.monotonic() + timeout
-    replies = []
-    for _ in range(count):
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
-        assert line, "child closed stdout"
-        replies.append(json.loads(line))
-    return replies
-
-
 def test_many_calls_in_flight(child: StdioClient) -> None:
     child.initialize()
-    sent: dict[int, str] = {}
-    for i in range(20):  # all written before any reply is read
-        ident = 1000 + i
-        sent[ident] = f"Hello, n{i}! (rust)"
-        child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
-                     "params": {"name": "greet", "arguments": {"name": f"n{i}"}}})
-    replies: dict[int, dict[str, Any]] = {}
-    for reply in _read_replies(child, len(sent), timeout=10):
-        assert reply["id"] in sent and reply["id"] not in replies, reply
-        replies[reply["id"]] = reply
-    for ident, text in sent.items():
-        result = replies[ident]["result"]
+    # all written before any reply is read
+    results = child.calls_in_flight({1000 + i: ("greet", {"name": f"n{i}"}) for i in range(20)}, timeout=10)
+    for i in range(20):
+        text = f"Hello, n{i}! (rust)"
+        result = results[1000 + i]
         assert not result.get("isError"), result
         assert result["content"] == [{"type": "text", "text": text}]
         assert result["structuredContent"] == {"greeting": text}
@@ -164,7 +110,7 @@ def test_many_calls_in_flight(child: StdioClient) -> None:
 
 def test_sdk_unit_tests() -> None:
     """`cargo test` of sdk/rust: seat-verb names, facts, slow calls served side by side, EOF exit."""
-    _require_cargo()
+    require(TOOLCHAIN)
     env = dict(os.environ, CARGO_TARGET_DIR=str(CACHE / "sdk-test-target"))
     proc = subprocess.run(
         ["cargo", "test", "--locked", "-j", str(JOBS), "--color", "never"],
@@ -199,17 +145,17 @@ def _broken_module(root: Path, main_rs: str, lock: bool = True) -> Path:
 
 
 def test_compile_error_is_build_failed(tmp_path: Path) -> None:
-    _require_cargo()
+    require(TOOLCHAIN)
     module = _broken_module(tmp_path, "fn main() { undefined_thing() }\n")
     with pytest.raises(BuildFailed) as e:
-        TOOLCHAIN.build(_context(module, tmp_path / "stage", tmp_path / "cache"))
+        TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "undefined_thing" in e.value.output
     assert not (module / "src" / "target").exists(), "the build wrote into the source tree"
 
 
 def test_missing_lock_file_is_build_failed(tmp_path: Path) -> None:
-    _require_cargo()
+    require(TOOLCHAIN)
     module = _broken_module(tmp_path, "fn main() {}\n", lock=False)
     with pytest.raises(BuildFailed) as e:
-        TOOLCHAIN.build(_context(module, tmp_path / "stage", tmp_path / "cache"))
+        TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "Cargo.lock" in e.value.output

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from manifests import load_module
+from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
-from toolchains.base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.typescript import TOOLCHAIN
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,28 +31,6 @@ SDK_DIR = REPO / "sdk" / "typescript"
 CACHE = REPO / ".cache" / "toolchains" / "typescript"
 
 pytestmark = [pytest.mark.slow, pytest.mark.toolchain("typescript")]
-
-
-def _require_node() -> None:
-    try:
-        TOOLCHAIN.check()
-    except ToolchainMissing as e:
-        print(f"SKIPPED: {e}")
-        pytest.skip(str(e))
-
-
-def _context(module_dir: Path, stage: Path, cache: Path, repo_root: Path | None = REPO) -> BuildContext:
-    loaded = load_module(module_dir)
-    bundle = loaded.module.tools_bundles()[0]
-    stage.mkdir(parents=True)
-    return BuildContext(
-        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
-        stage_dir=stage, cache_dir=cache, repo_root=repo_root, log=lambda _: None,
-    )
-
-
-def _tree(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _links(root: Path) -> list[str]:
@@ -67,10 +43,10 @@ def _links(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, Path]:
     """hello-typescript built twice into two stages; returns (first stage, its output, second stage)."""
-    _require_node()
+    require(TOOLCHAIN)
     base = tmp_path_factory.mktemp("ts-build")
-    out1 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage1", CACHE))
-    out2 = TOOLCHAIN.build(_context(MODULE_DIR, base / "stage2", CACHE))
+    out1 = TOOLCHAIN.build(build_context(MODULE_DIR, base / "stage1", CACHE))
+    out2 = TOOLCHAIN.build(build_context(MODULE_DIR, base / "stage2", CACHE))
     assert out1 == out2
     return base / "stage1", out1, base / "stage2"
 
@@ -92,7 +68,7 @@ def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[Std
 
 def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
     stage1, out, stage2 = built
-    tree1, tree2 = _tree(stage1), _tree(stage2)
+    tree1, tree2 = file_tree(stage1), file_tree(stage2)
     assert list(tree1) == ["dist/main.js", "package.json"], "one packed script and its format, nothing else"
     assert tree1 == tree2, "two builds of the same source differ"
     assert _links(stage1) == [], "a bundle must hold no links"
@@ -131,44 +107,14 @@ def test_initialize_list_and_call(child: StdioClient, tmp_path: Path) -> None:
     assert child.close() == 0, "closing stdin must end the child cleanly"
 
 
-def _read_replies(client: StdioClient, count: int, timeout: float) -> list[dict[str, Any]]:
-    """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
-
-    A reader thread does the blocking reads, so a child that never answers fails the test
-    after `timeout` instead of hanging it.
-    """
-    stdout = client.proc.stdout
-    assert stdout is not None
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
-    deadline = time.monotonic() + timeout
-    replies = []
-    for _ in range(count):
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
-        assert line, "child closed stdout"
-        replies.append(json.loads(line))
-    return replies
-
-
 def test_many_calls_in_flight(child: StdioClient) -> None:
     child.initialize()
-    sent = {}
-    for i in range(20):  # all 20 written before a single reply is read
-        ident = 1000 + i
-        sent[ident] = f"Hello, n{i}! (typescript)"
-        child._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
-                     "params": {"name": "greet", "arguments": {"name": f"n{i}"}}})
-    replies: dict[int, dict[str, Any]] = {}
-    for reply in _read_replies(child, len(sent), timeout=10):
-        assert reply["id"] in sent and reply["id"] not in replies, reply
-        replies[reply["id"]] = reply
-    for ident, text in sent.items():
-        result = replies[ident]["result"]
+    # all 20 written before a single reply is read
+    results = child.calls_in_flight({1000 + i: ("greet", {"name": f"n{i}"}) for i in range(20)}, timeout=10)
+    for i in range(20):
+        result = results[1000 + i]
         assert not result.get("isError"), result
-        assert result["structuredContent"] == {"greeting": text}
+        assert result["structuredContent"] == {"greeting": f"Hello, n{i}! (typescript)"}
 
 
 def test_without_facts_says_so_in_one_line(built: tuple[Path, BuildOutput, Path]) -> None:
@@ -181,7 +127,7 @@ def test_without_facts_says_so_in_one_line(built: tuple[Path, BuildOutput, Path]
 
 def test_sdk_unit_tests(tmp_path: Path) -> None:
     """`npm test` of sdk/typescript in a copy: names, facts, results, slow calls not blocking fast ones."""
-    _require_node()
+    require(TOOLCHAIN)
     copy = tmp_path / "sdk"
     shutil.copytree(SDK_DIR, copy, ignore=shutil.ignore_patterns("node_modules", "dist"))
     for command in (["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], ["npm", "test"]):
@@ -210,18 +156,18 @@ def _broken_module(root: Path, main_ts: str) -> Path:
 
 
 def test_type_error_is_build_failed(tmp_path: Path) -> None:
-    _require_node()
+    require(TOOLCHAIN)
     module = _broken_module(tmp_path / "checkout", 'const n: number = "not a number";\nexport { n };\n')
     with pytest.raises(BuildFailed) as e:
-        TOOLCHAIN.build(_context(module, tmp_path / "stage", CACHE, repo_root=None))
+        TOOLCHAIN.build(build_context(module, tmp_path / "stage", CACHE, repo_root=None))
     assert "TS2322" in e.value.output and "main.ts" in e.value.output
     assert not (module / "src" / "node_modules").exists(), "the build wrote into the source tree"
 
 
 def test_missing_lock_file_is_named(tmp_path: Path) -> None:
-    _require_node()
+    require(TOOLCHAIN)
     module = _broken_module(tmp_path / "checkout", "export {};\n")
     (module / "src" / "package-lock.json").unlink()
     with pytest.raises(BuildFailed) as e:
-        TOOLCHAIN.build(_context(module, tmp_path / "stage", CACHE, repo_root=None))
+        TOOLCHAIN.build(build_context(module, tmp_path / "stage", CACHE, repo_root=None))
     assert "package-lock.json" in e.value.output and "bundles/broken/src" in e.value.output

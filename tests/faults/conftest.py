@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 
 from runtime.bus import free_port, nats_server_binary
-from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, call, wait_port
+from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, call, stop_process, wait_port
 
 
 class Server:
@@ -88,13 +88,7 @@ class Server:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
     def monitor(self, path: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/{path}", timeout=5) as r:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.bus import free_port, nats_server_binary
-from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, wait_port
+from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, stop_process, wait_port
 
 # meshctl must answer within this; past it the run is a hang, which is a failure of its own.
 MESHCTL_LIMIT_S = 20.0
@@ -60,13 +60,7 @@ class ConfiguredServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def toml_value(value: object) -> str:

@@ -44,13 +44,18 @@ class NatsServer:
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
+
+
+def stop_process(proc: "subprocess.Popen[bytes] | None", grace: float = 5) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds: a server the test started ends with it."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wait_port(port: int, timeout: float = 10) -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,39 @@ class StdioClient:
 
     def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.request("tools/call", {"name": name, "arguments": arguments})
+
+    def read_replies(self, count: int, timeout: float) -> list[dict[str, Any]]:
+        """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
+
+        A reader thread does the blocking reads, so a child that never answers fails the test
+        after `timeout` instead of hanging it.
+        """
+        stdout = self.proc.stdout
+        assert stdout is not None
+        lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
+        deadline = time.monotonic() + timeout
+        replies = []
+        for _ in range(count):
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"only {len(replies)} of {count} replies within {timeout}s") from None
+            assert line, "child closed stdout"
+            replies.append(json.loads(line))
+        return replies
+
+    def calls_in_flight(self, calls: dict[int, tuple[str, dict[str, Any]]], timeout: float = 10) -> dict[int, dict[str, Any]]:
+        """Write every `tools/call` (id -> (tool, arguments)) before reading a reply; each id
+        must be answered exactly once. Returns the results by id."""
+        for ident, (tool, arguments) in calls.items():
+            self._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
+                        "params": {"name": tool, "arguments": arguments}})
+        results: dict[int, dict[str, Any]] = {}
+        for reply in self.read_replies(len(calls), timeout):
+            assert reply["id"] in calls and reply["id"] not in results, reply
+            results[reply["id"]] = reply["result"]
+        return results
 
     def close(self) -> int:
         if self.proc.stdin:
