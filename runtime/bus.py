@@ -100,6 +100,9 @@ class EmbeddedServer:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
             preexec_fn=_term_with_parent,
+            # Its own session: Ctrl-C (or any signal to the node's process group) reaches the
+            # node, which drains its calls on the bus and then stops the server itself.
+            start_new_session=True,
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
