@@ -16,6 +16,9 @@ import msgspec
 import pytest
 
 from manifests import load_module
+from tests.support.call_contract import (
+    CALLER, CallContractTests, Wire, check_cancel, check_caller, check_progress, expected, serving,
+)
 from tests.support.stdio_client import StdioClient
 from toolchains.base import BuildContext, BuildFailed, ToolchainMissing
 from toolchains.c import TOOLCHAIN
@@ -262,20 +265,145 @@ def write_module(root: Path, main_c: str) -> Path:
     return root
 
 
+# ---- the call: caller, cancellation, progress -------------------------------------------------
+
+CONTRACT_SOURCE = r"""
+#include <stdio.h>
+#include <time.h>
+#include "mesh.h"
+
+static void nap_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static void mark(const char *path, const char *line) {
+    FILE *f = fopen(path, "a");
+    if (f) fprintf(f, "%s\n", line), fclose(f);
+}
+
+/* Arguments are ignored: a caller written there must never be believed. */
+static void whoami(json_t *args, mesh_result *r, void *ud) {
+    (void)args, (void)ud;
+    const struct mesh_caller *c = mesh_call_caller(r);
+    json_t *seen = c ? json_pack("{s:s, s:s?, s:s?, s:s, s:s}", "account", c->account, "user", c->user,
+                                 "name", c->name, "via", c->via, "id", c->id)
+                     : json_null();
+    mesh_result_text(r, "%s", c ? c->id : "nobody");
+    mesh_result_structured(r, json_pack("{s:o}", "caller", seen));
+}
+
+static void wait_cancel(json_t *args, mesh_result *r, void *ud) {
+    (void)ud;
+    const char *marker = json_string_value(json_object_get(args, "marker"));
+    if (!marker) { mesh_result_error(r, "needs marker"); return; }
+    mark(marker, "started");
+    for (int i = 0; i < 6000; i++, nap_ms(5))
+        if (mesh_call_cancelled(r)) {
+            mark(marker, "cancelled");
+            mesh_result_text(r, "cancelled, and this must not be sent");
+            return;
+        }
+    mesh_result_text(r, "never cancelled");
+}
+
+static void count(json_t *args, mesh_result *r, void *ud) {
+    (void)ud;
+    json_int_t steps = json_integer_value(json_object_get(args, "steps"));
+    char message[32];
+    for (json_int_t i = 1; i <= steps; i++) {
+        snprintf(message, sizeof message, "step %lld", (long long)i);
+        if (mesh_call_progress(r, (double)i, (double)steps, message) != 0) mesh_log(MESH_ERROR, "progress failed");
+    }
+    mesh_result_text(r, "counted %lld", (long long)steps);
+}
+
+/* Sleeps without ever asking whether it was cancelled. */
+static void nap(json_t *args, mesh_result *r, void *ud) {
+    (void)ud;
+    nap_ms((long)json_integer_value(json_object_get(args, "ms")));
+    mesh_result_text(r, "napped");
+}
+
+int main(void) {
+    mesh_server *s = mesh_server_new("contract", "0");
+    if (!s || mesh_tool_add(s, "whoami", NULL, NULL, whoami, NULL) || mesh_tool_add(s, "wait_cancel", NULL, NULL, wait_cancel, NULL)
+        || mesh_tool_add(s, "count", NULL, NULL, count, NULL) || mesh_tool_add(s, "nap", NULL, NULL, nap, NULL))
+        return 3;
+    int rc = mesh_serve_stdio(s);
+    mesh_server_free(s);
+    return rc;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def contract_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("contract")
+    staged, _ = build(write_module(root / "m", CONTRACT_SOURCE), root / "work")
+    return staged
+
+
+@pytest.fixture
+def contract(contract_stage: Path) -> Iterator[Wire]:
+    with serving([str(contract_stage / "bin" / "m")], cwd=contract_stage) as wire:
+        yield wire
+
+
+class TestCallContract(CallContractTests):
+    """Caller, cancellation (mesh_call_cancelled, polled) and progress, as tests/support/call_contract.py checks them."""
+
+
+def test_a_cancel_is_honoured_even_when_the_handler_never_asks(contract: Wire) -> None:
+    contract.call(70, "nap", {"ms": 300})
+    contract.send({"method": "notifications/cancelled", "params": {"requestId": 70}})
+    contract.send({"id": 71, "method": "ping"})
+    contract.until(71)
+    assert [m for m in contract.seen if m.get("id") == 70] == [], "a cancelled call was answered"
+
+
+def test_a_call_cancelled_before_it_starts_never_runs(contract: Wire, tmp_path: Path) -> None:
+    first, queued = tmp_path / "first", tmp_path / "queued"
+    contract.call(80, "wait_cancel", {"marker": str(first)})
+    contract.call(81, "wait_cancel", {"marker": str(queued)})
+    contract.send({"method": "notifications/cancelled", "params": {"requestId": 81}})
+    contract.send({"method": "notifications/cancelled", "params": {"requestId": 80}})
+    contract.call(82, "whoami", {}, {"mesh/caller": CALLER})
+    reply, before = contract.until(82)
+    assert reply["result"]["structuredContent"]["caller"] == expected(CALLER)
+    assert before == [], "a cancelled call was answered"
+    assert first.read_text().split() == ["started", "cancelled"]
+    assert not queued.exists(), "a call cancelled while it waited in line was run"
+    # A cancel for a call long answered (or never made) changes nothing.
+    contract.send({"method": "notifications/cancelled", "params": {"requestId": 82}})
+    contract.call(83, "whoami", {}, {"mesh/caller": CALLER})
+    assert contract.until(83)[0]["result"]["structuredContent"]["caller"] == expected(CALLER)
+
+
 # ---- memory -----------------------------------------------------------------------------------
+
+
+def valgrind_argv(binary: Path, log: Path) -> list[str]:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        pytest.fail("valgrind is not installed: apt-get install valgrind")
+    return [
+        valgrind, "--leak-check=full", "--show-leak-kinds=all", "--errors-for-leak-kinds=all",
+        "--error-exitcode=99", f"--log-file={log}", str(binary),
+    ]
+
+
+def assert_clean(code: int, log: Path) -> None:
+    report = log.read_text()
+    assert code == 0, report
+    assert "ERROR SUMMARY: 0 errors" in report, report
+    assert "All heap blocks were freed" in report, report
 
 
 @pytest.mark.slow
 def test_a_session_under_valgrind_is_clean(stage: Path, tmp_path: Path) -> None:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        pytest.fail("valgrind is not installed: apt-get install valgrind")
     log = tmp_path / "valgrind.log"
-    argv = [
-        valgrind, "--leak-check=full", "--show-leak-kinds=all", "--errors-for-leak-kinds=all",
-        "--error-exitcode=99", f"--log-file={log}", str(stage / "bin" / "hello-c"),
-    ]
-    with StdioClient(argv, cwd=stage, env={"MESH_DATA_DIR": str(tmp_path / "data")}) as c:
+    with StdioClient(valgrind_argv(stage / "bin" / "hello-c", log), cwd=stage, env={"MESH_DATA_DIR": str(tmp_path / "data")}) as c:
         c.initialize()
         c.list_tools()
         assert c.call("greet", {"name": "Ada"})["isError"] is False
@@ -285,7 +413,22 @@ def test_a_session_under_valgrind_is_clean(stage: Path, tmp_path: Path) -> None:
         assert rpc(c, {"id": "u", "method": "tools/call", "params": {"name": "nope"}})["error"]["code"] == -32602
         assert c.call("greet", {"name": "y" * (1 << 20)})["isError"] is False
         code = c.close()
-    report = log.read_text()
-    assert code == 0, report
-    assert "ERROR SUMMARY: 0 errors" in report, report
-    assert "All heap blocks were freed" in report, report
+    assert_clean(code, log)
+
+
+@pytest.mark.slow
+def test_callers_cancels_and_progress_under_valgrind_are_clean(contract_stage: Path, tmp_path: Path) -> None:
+    log = tmp_path / "valgrind.log"
+    client = StdioClient(valgrind_argv(contract_stage / "bin" / "m", log), cwd=contract_stage)
+    wire = Wire(client)
+    wire.initialize()
+    check_caller(wire)
+    check_progress(wire)
+    check_cancel(wire, tmp_path / "marker")
+    # cancels read ahead, one for a call never made: each noted id is freed when the loop reaches it
+    wire.call(90, "wait_cancel", {"marker": str(tmp_path / "m2")})
+    wire.send({"method": "notifications/cancelled", "params": {"requestId": 90}})
+    wire.send({"method": "notifications/cancelled", "params": {"requestId": "never-made"}})
+    wire.send({"id": 91, "method": "ping"})
+    wire.until(91)
+    assert_clean(client.close(), log)

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
@@ -108,15 +109,40 @@ def test_many_calls_in_flight(child: StdioClient) -> None:
         assert result["structuredContent"] == {"greeting": text}
 
 
-def test_sdk_unit_tests() -> None:
-    """`cargo test` of sdk/rust: seat-verb names, facts, slow calls served side by side, EOF exit."""
-    require(TOOLCHAIN)
-    env = dict(os.environ, CARGO_TARGET_DIR=str(CACHE / "sdk-test-target"))
+SDK_TARGET = CACHE / "sdk-test-target"
+
+
+def _cargo(*args: str) -> None:
+    env = dict(os.environ, CARGO_TARGET_DIR=str(SDK_TARGET))
     proc = subprocess.run(
-        ["cargo", "test", "--locked", "-j", str(JOBS), "--color", "never"],
+        ["cargo", *args, "--locked", "-j", str(JOBS), "--color", "never"],
         cwd=REPO / "sdk" / "rust", env=env, capture_output=True, text=True, timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_sdk_unit_tests() -> None:
+    """`cargo test` of sdk/rust: seat-verb names, facts, callers, slow calls served side by side, EOF exit."""
+    require(TOOLCHAIN)
+    _cargo("test")
+
+
+@pytest.fixture(scope="module")
+def contract_binary() -> Path:
+    """The SDK's own fixture bundle, examples/contract.rs, built (debug) next to the unit tests."""
+    require(TOOLCHAIN)
+    _cargo("build", "--example", "contract")
+    return SDK_TARGET / "debug" / "examples" / "contract"
+
+
+@pytest.fixture
+def contract(contract_binary: Path) -> Iterator[Wire]:
+    with serving([str(contract_binary)], env={"LOG_LEVEL": "warn"}) as wire:
+        yield wire
+
+
+class TestCallContract(CallContractTests):
+    """Caller, cancellation (the CancellationToken) and progress, as tests/support/call_contract.py checks them."""
 
 
 def test_missing_cargo_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

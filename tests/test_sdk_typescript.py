@@ -19,6 +19,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
@@ -125,14 +126,33 @@ def test_without_facts_says_so_in_one_line(built: tuple[Path, BuildOutput, Path]
     assert proc.stderr.count("\n") == 1 and "MESH_DATA_DIR" in proc.stderr and "    at " not in proc.stderr
 
 
-def test_sdk_unit_tests(tmp_path: Path) -> None:
-    """`npm test` of sdk/typescript in a copy: names, facts, results, slow calls not blocking fast ones."""
+@pytest.fixture(scope="module")
+def sdk_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdk/typescript copied out of the checkout with its packages installed and dist/ built."""
     require(TOOLCHAIN)
-    copy = tmp_path / "sdk"
+    copy = tmp_path_factory.mktemp("ts-sdk") / "sdk"
     shutil.copytree(SDK_DIR, copy, ignore=shutil.ignore_patterns("node_modules", "dist"))
-    for command in (["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], ["npm", "test"]):
+    for command in (["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
         proc = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+    return copy
+
+
+def test_sdk_unit_tests(sdk_copy: Path) -> None:
+    """`npm test` of sdk/typescript: names, facts, results, callers, progress, slow calls not blocking fast ones."""
+    proc = subprocess.run(["npm", "test"], cwd=sdk_copy, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def contract(sdk_copy: Path) -> Iterator[Wire]:
+    """The SDK's own fixture bundle (fixtures/stdio-server.mjs) over real stdio, initialized."""
+    with serving(["node", "fixtures/stdio-server.mjs"], cwd=sdk_copy) as wire:
+        yield wire
+
+
+class TestCallContract(CallContractTests):
+    """Caller, cancellation (extra.signal) and progress, as tests/support/call_contract.py checks them."""
 
 
 def test_missing_node_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

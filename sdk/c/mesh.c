@@ -5,7 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "mesh.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -35,28 +35,21 @@ struct mesh_server {
     size_t ntools, cap;
 };
 
-struct mesh_result {
-    json_t *content;    /* array of content blocks */
-    json_t *structured; /* object or NULL */
-    int is_error;
-};
-
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-/* Out of memory has no useful recovery in a tools child: say so and let the runtime restart it. */
-static void out_of_memory(void) {
+void mesh__out_of_memory(void) {
     mesh_log(MESH_ERROR, "out of memory");
     abort();
 }
 
-static json_t *need(json_t *value) {
-    if (!value) out_of_memory();
+json_t *mesh__need(json_t *value) {
+    if (!value) mesh__out_of_memory();
     return value;
 }
 
 /* Callers pass only values that cannot be NULL for any reason but memory (UTF-8 checked before). */
 static void put(json_t *object, const char *key, json_t *value) {
-    if (json_object_set_new(object, key, need(value)) != 0) out_of_memory();
+    if (json_object_set_new(object, key, mesh__need(value)) != 0) mesh__out_of_memory();
 }
 
 static char *vformat(const char *fmt, va_list ap) {
@@ -66,7 +59,7 @@ static char *vformat(const char *fmt, va_list ap) {
     va_end(copy);
     if (n < 0) return NULL;
     char *s = malloc((size_t)n + 1);
-    if (!s) out_of_memory();
+    if (!s) mesh__out_of_memory();
     vsnprintf(s, (size_t)n + 1, fmt, ap);
     return s;
 }
@@ -131,7 +124,7 @@ static const char *env_or_empty(const char *name) {
 /* mkdir -p, private to the module (0700): the data folder holds its state. */
 static int make_dirs(const char *path) {
     char *p = strdup(path);
-    if (!p) out_of_memory();
+    if (!p) mesh__out_of_memory();
     for (char *c = p + 1;; c++) {
         if (*c != '/' && *c != '\0') continue;
         char saved = *c;
@@ -238,7 +231,7 @@ int mesh_tool_add(mesh_server *s, const char *name, const char *description, con
         return -1;
     }
     json_error_t err;
-    json_t *schema = input_schema_json ? json_loads(input_schema_json, 0, &err) : need(json_pack("{s:s}", "type", "object"));
+    json_t *schema = input_schema_json ? json_loads(input_schema_json, 0, &err) : mesh__need(json_pack("{s:s}", "type", "object"));
     if (!schema) {
         mesh_log(MESH_ERROR, "tool \"%s\": the input schema is not JSON: %s (column %d)", name, err.text, err.column);
         return -1;
@@ -252,17 +245,17 @@ int mesh_tool_add(mesh_server *s, const char *name, const char *description, con
     if (s->ntools == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 8;
         struct tool *grown = realloc(s->tools, cap * sizeof *grown);
-        if (!grown) out_of_memory();
+        if (!grown) mesh__out_of_memory();
         s->tools = grown;
         s->cap = cap;
     }
-    json_t *def = need(json_object());
+    json_t *def = mesh__need(json_object());
     put(def, "name", json_string(name));
     if (description) put(def, "description", json_string(description));
     put(def, "inputSchema", schema);
     struct tool *t = &s->tools[s->ntools];
     t->name = strdup(name);
-    if (!t->name) out_of_memory();
+    if (!t->name) mesh__out_of_memory();
     t->definition = def;
     t->handler = handler;
     t->userdata = userdata;
@@ -279,10 +272,10 @@ static void add_text(mesh_result *r, const char *text) {
         r->is_error = 1;
         str = json_string("the tool produced text that is not valid UTF-8");
     }
-    json_t *block = need(json_object());
+    json_t *block = mesh__need(json_object());
     put(block, "type", json_string("text"));
     put(block, "text", str);
-    if (json_array_append_new(r->content, block) != 0) out_of_memory();
+    if (json_array_append_new(r->content, block) != 0) mesh__out_of_memory();
 }
 
 void mesh_result_text(mesh_result *r, const char *fmt, ...) {
@@ -318,11 +311,11 @@ void mesh_result_structured(mesh_result *r, json_t *object) {
 static json_t *finish_result(mesh_result *r) {
     if (r->structured && json_array_size(r->content) == 0) {
         char *text = json_dumps(r->structured, JSON_COMPACT);
-        if (!text) out_of_memory();
+        if (!text) mesh__out_of_memory();
         add_text(r, text);
         free(text);
     }
-    json_t *result = need(json_object());
+    json_t *result = mesh__need(json_object());
     put(result, "content", r->content);
     if (r->structured) put(result, "structuredContent", r->structured);
     put(result, "isError", json_boolean(r->is_error));
@@ -332,7 +325,7 @@ static json_t *finish_result(mesh_result *r) {
 /* ---- JSON-RPC ----------------------------------------------------------------------------- */
 
 static json_t *reply_base(json_t *id) {
-    json_t *reply = need(json_object());
+    json_t *reply = mesh__need(json_object());
     put(reply, "jsonrpc", json_string("2.0"));
     put(reply, "id", id ? json_incref(id) : json_null());
     return reply;
@@ -353,7 +346,7 @@ static json_t *error_reply(json_t *id, int code, const char *fmt, ...) {
     json_t *message = json_string(text ? text : "");
     free(text);
     if (!message) message = json_string("the message about this error was not UTF-8");
-    json_t *error = need(json_object());
+    json_t *error = mesh__need(json_object());
     put(error, "code", json_integer(code));
     put(error, "message", message);
     json_t *reply = reply_base(id);
@@ -367,14 +360,14 @@ static json_t *initialize(mesh_server *s, json_t *params) {
     for (size_t i = 0; asked && i < sizeof PROTOCOLS / sizeof *PROTOCOLS; i++)
         if (strcmp(asked, PROTOCOLS[i]) == 0) answer = PROTOCOLS[i];
     mesh_log(MESH_DEBUG, "initialize: client asked for %s, answering %s", asked ? asked : "(none)", answer);
-    json_t *tools = need(json_object());
+    json_t *tools = mesh__need(json_object());
     put(tools, "listChanged", json_false());
-    json_t *capabilities = need(json_object());
+    json_t *capabilities = mesh__need(json_object());
     put(capabilities, "tools", tools);
-    json_t *info = need(json_object());
+    json_t *info = mesh__need(json_object());
     put(info, "name", json_string(s->name));
     put(info, "version", json_string(s->version));
-    json_t *result = need(json_object());
+    json_t *result = mesh__need(json_object());
     put(result, "protocolVersion", json_string(answer));
     put(result, "capabilities", capabilities);
     put(result, "serverInfo", info);
@@ -382,32 +375,42 @@ static json_t *initialize(mesh_server *s, json_t *params) {
 }
 
 static json_t *list_tools(mesh_server *s) {
-    json_t *tools = need(json_array());
+    json_t *tools = mesh__need(json_array());
     for (size_t i = 0; i < s->ntools; i++)
-        if (json_array_append(tools, s->tools[i].definition) != 0) out_of_memory();
-    json_t *result = need(json_object());
+        if (json_array_append(tools, s->tools[i].definition) != 0) mesh__out_of_memory();
+    json_t *result = mesh__need(json_object());
     put(result, "tools", tools);
     return result;
 }
 
-static json_t *call_tool(mesh_server *s, json_t *id, json_t *params) {
+/* The call's reply, or NULL when it was cancelled (MCP: a cancelled request gets no answer). */
+static json_t *call_tool(struct loop *lp, json_t *id, json_t *params) {
     json_t *name = json_object_get(params, "name");
     if (!json_is_string(name)) return error_reply(id, INVALID_PARAMS, "tools/call needs params.name, a string");
     json_t *args = json_object_get(params, "arguments");
     if (args && !json_is_object(args) && !json_is_null(args))
         return error_reply(id, INVALID_PARAMS, "tools/call params.arguments must be an object");
-    struct tool *t = find_tool(s, json_string_value(name), json_string_length(name));
+    struct tool *t = find_tool(lp->server, json_string_value(name), json_string_length(name));
     if (!t) return error_reply(id, INVALID_PARAMS, "Unknown tool: %s", json_string_value(name));
-    json_t *empty = json_is_object(args) ? NULL : need(json_object());
-    mesh_result r = {.content = need(json_array())};
-    t->handler(empty ? empty : args, &r, t->userdata);
-    json_decref(empty);
-    fflush(stdout); /* stray printf()s of the tool reach the log now, not at exit */
-    return result_reply(id, finish_result(&r));
+    mesh_result r = {.content = mesh__need(json_array())};
+    mesh__call_begin(lp, &r, id, params);
+    if (!mesh__cancel_pending(lp, id)) { /* cancelled before it started: never run */
+        json_t *empty = json_is_object(args) ? NULL : mesh__need(json_object());
+        t->handler(empty ? empty : args, &r, t->userdata);
+        json_decref(empty);
+        fflush(stdout); /* stray printf()s of the tool reach the log now, not at exit */
+    }
+    json_t *result = finish_result(&r);
+    if (mesh_call_cancelled(&r)) { /* also when the handler never asked: the cancel may be waiting */
+        mesh_log(MESH_DEBUG, "tools/call %s cancelled: no reply", json_string_value(name));
+        json_decref(result);
+        return NULL;
+    }
+    return result_reply(id, result);
 }
 
 /* The reply to one message, or NULL when none is due (notifications, stray responses). */
-static json_t *handle(mesh_server *s, json_t *msg) {
+static json_t *handle(struct loop *lp, json_t *msg) {
     if (!json_is_object(msg))
         return error_reply(NULL, INVALID_REQUEST,
                            json_is_array(msg) ? "batches are not supported: send one message per line"
@@ -419,8 +422,9 @@ static json_t *handle(mesh_server *s, json_t *msg) {
         if (json_object_get(msg, "result") || json_object_get(msg, "error")) return NULL; /* we ask nothing */
         return error_reply(id_ok ? id : NULL, INVALID_REQUEST, "a request needs a \"method\" string");
     }
-    if (!id) { /* a notification: never answered; initialized and cancelled need nothing from a synchronous loop */
+    if (!id) { /* a notification: never answered; a cancel's call is over by now (see call.c) */
         mesh_log(MESH_DEBUG, "notification %s", method);
+        if (strcmp(method, "notifications/cancelled") == 0) mesh__cancel_reached(lp, json_object_get(msg, "params"));
         return NULL;
     }
     if (!id_ok) return error_reply(NULL, INVALID_REQUEST, "\"id\" must be a string or an integer");
@@ -429,17 +433,17 @@ static json_t *handle(mesh_server *s, json_t *msg) {
     json_t *params = json_object_get(msg, "params");
     if (params && !json_is_object(params)) return error_reply(id, INVALID_PARAMS, "\"params\" must be an object");
 
-    if (strcmp(method, "initialize") == 0) return result_reply(id, initialize(s, params));
-    if (strcmp(method, "ping") == 0) return result_reply(id, need(json_object()));
-    if (strcmp(method, "tools/list") == 0) return result_reply(id, list_tools(s));
-    if (strcmp(method, "tools/call") == 0) return call_tool(s, id, params);
+    if (strcmp(method, "initialize") == 0) return result_reply(id, initialize(lp->server, params));
+    if (strcmp(method, "ping") == 0) return result_reply(id, mesh__need(json_object()));
+    if (strcmp(method, "tools/list") == 0) return result_reply(id, list_tools(lp->server));
+    if (strcmp(method, "tools/call") == 0) return call_tool(lp, id, params);
     return error_reply(id, METHOD_NOT_FOUND, "Method not found: %s", method);
 }
 
-static int send_reply(FILE *out, json_t *reply) {
-    int bad = json_dumpf(reply, out, JSON_COMPACT) != 0 || fputc('\n', out) == EOF || fflush(out) != 0;
-    json_decref(reply);
-    if (bad) mesh_log(MESH_ERROR, "cannot write a reply to stdout: %s", strerror(errno));
+int mesh__send(FILE *out, json_t *msg) {
+    int bad = json_dumpf(msg, out, JSON_COMPACT) != 0 || fputc('\n', out) == EOF || fflush(out) != 0;
+    json_decref(msg);
+    if (bad) mesh_log(MESH_ERROR, "cannot write to stdout: %s", strerror(errno));
     return bad ? -1 : 0;
 }
 
@@ -457,34 +461,34 @@ int mesh_serve_stdio(mesh_server *s) {
     }
     signal(SIGPIPE, SIG_IGN); /* a runtime gone away is a write error to report, not a silent death */
 
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    int rc = 0;
-    while ((n = getline(&line, &cap, stdin)) >= 0) { /* grows as needed: no line is too long */
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
+    struct loop lp = {.server = s, .out = out};
+    char *line;
+    size_t n;
+    int got, rc = 0;
+    while ((got = mesh__input_line(&lp.in, &line, &n)) > 0) {
+        while (n > 0 && line[n - 1] == '\r') n--;
         if (n == 0) continue;
         json_error_t err;
         /* DECODE_ANY: a bare value is an invalid request, not a parse error; ALLOW_NUL: "\u0000" is valid JSON. */
-        json_t *msg = json_loadb(line, (size_t)n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+        json_t *msg = json_loadb(line, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
         json_t *reply;
         if (msg) {
-            reply = handle(s, msg);
+            reply = handle(&lp, msg);
             json_decref(msg);
         } else {
             mesh_log(MESH_WARN, "a line that is not JSON: %s (column %d)", err.text, err.column);
             reply = error_reply(NULL, PARSE_ERROR, "Parse error: %s", err.text);
         }
-        if (reply && send_reply(out, reply) != 0) {
+        if (reply && mesh__send(out, reply) != 0) {
             rc = 1;
             break;
         }
     }
-    if (rc == 0 && ferror(stdin)) {
+    if (rc == 0 && got < 0) {
         mesh_log(MESH_ERROR, "cannot read stdin: %s", strerror(errno));
         rc = 1;
     }
-    free(line);
+    mesh__loop_free(&lp);
     fflush(stdout);
     dup2(fileno(out), STDOUT_FILENO); /* give the caller its stdout back */
     fclose(out);

@@ -6,7 +6,8 @@
  *
  * Calls are answered one at a time, in the order they arrive. The runtime may put many calls on
  * the pipe at once; each is answered by its id. A long call delays the ones behind it, so a
- * tool that can take long should say so in its manifest's timeout_ms.
+ * tool that can take long should say so in its manifest's timeout_ms, poll
+ * mesh_call_cancelled() and report mesh_call_progress().
  */
 #ifndef MESH_H
 #define MESH_H
@@ -46,6 +47,42 @@ void mesh_result_error(mesh_result *result, const char *fmt, ...) __attribute__(
 /* Set the structured result, a JSON object; the result takes the reference (steals it). When no
  * text was added, the SDK adds the object's JSON as text, as MCP asks for older clients. */
 void mesh_result_structured(mesh_result *result, json_t *object);
+
+/* ---- the call: who is calling, cancellation, progress ---------------------------------------
+ * A handler's `result` also stands for its call: pass it to these, from the handler's own
+ * thread, while the handler runs (the loop is single-threaded and holds no locks). */
+
+#define MESH_CALLER_FIELD_MAX 256 /* longest account, user or name accepted, in bytes */
+
+/* Who is calling, as the node took it from the NATS server-stamped request info. The strings
+ * live as long as the call. */
+struct mesh_caller {
+    const char *account; /* never NULL */
+    const char *user;    /* NULL when the account's import does not share it */
+    const char *name;    /* NULL when not known */
+    const char *via;     /* "bus", "local" or "mcp" */
+    const char *id;      /* "<account>/<user>", or "<account>" without a user: the author/owner key */
+};
+
+/* The caller from the call's _meta["mesh/caller"], or NULL when there is none (a bundle run by
+ * hand) or it is malformed (logged as a warning): account must be a non-empty string without
+ * '/', user and name non-empty strings or null, none longer than MESH_CALLER_FIELD_MAX bytes or
+ * holding control characters, via one of the three. Never take identity from the arguments. */
+const struct mesh_caller *mesh_call_caller(const mesh_result *call);
+
+/* 1 once the caller cancelled this call (notifications/cancelled), else 0. The loop cannot read
+ * while the handler runs, so this looks: it reads what is waiting on stdin without blocking (at
+ * most 16 MiB ahead; what it reads is served after the handler, in order) for a cancel of this
+ * call. About a microsecond: call it between units of work. A cancelled call's result is never
+ * sent, whatever the handler fills in, even when the handler never asked. */
+int mesh_call_cancelled(mesh_result *call);
+
+/* Send notifications/progress with the request's progressToken: `progress` so far, `total`
+ * when > 0 (otherwise unknown), `message` when not NULL. Written at once, so calls arrive in
+ * order; a no-op (0) when the caller asked for no progress or the call is cancelled. Returns 0,
+ * or -1 with errno EINVAL (a number that is not finite, a message that is not UTF-8) or EIO
+ * (stdout failed). */
+int mesh_call_progress(mesh_result *call, double progress, double total, const char *message);
 
 /* Write "<seat>.<verb>", the tool name that implements a seat's verb, into buf.
  * seat: [a-z][a-z0-9-]{0,62}; verb: [A-Za-z0-9_-]{1,63} (no dot: the name has exactly one).

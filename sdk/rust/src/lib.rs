@@ -4,7 +4,8 @@
 //! (record 0188). Everything protocol-shaped is `rmcp`, the official Rust MCP SDK, re-exported
 //! here so a bundle needs no rmcp version of its own; this crate only adds what a module's code
 //! needs on top: the stdio loop ([`serve_stdio`]), seat-verb tool names ([`seat_verb`]), the
-//! MESH_* facts ([`facts`]) and logging to stderr ([`init_logging`]).
+//! MESH_* facts ([`facts`]), logging to stderr ([`init_logging`]) and what a tool learns about
+//! its call from the node ([`Call`]: the caller, cancellation, progress).
 //!
 //! ```ignore
 //! use mesh_sdk::prelude::*;
@@ -27,6 +28,7 @@
 //! }
 //! ```
 
+mod call;
 mod facts;
 mod names;
 
@@ -44,9 +46,12 @@ use tokio::{
     sync::Notify,
 };
 
+pub use call::{CALLER_KEY, Call, Caller, MAX_CALLER_FIELD_BYTES, Via};
 pub use facts::{Facts, FactsError, facts};
 pub use names::{ToolNameError, check_tool_name, seat_verb};
 pub use rmcp;
+/// What [`Call::cancellation`] returns, so a bundle can name it without a tokio-util of its own.
+pub use tokio_util::sync::CancellationToken;
 
 /// What everything here fails with; boxed so `main` can simply return it.
 pub type Error = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -54,7 +59,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// What a bundle's `main.rs` imports to define tools: rmcp's macros and the types they use.
 pub mod prelude {
     // `rmcp` itself is in the prelude because the macros expand to `rmcp::...` paths.
-    pub use crate::{Facts, facts, seat_verb};
+    pub use crate::{Call, Caller, Facts, facts, seat_verb};
     pub use rmcp::{
         self, ErrorData, Json, ServerHandler,
         handler::server::wrapper::Parameters,

@@ -12,11 +12,14 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { InMemoryTransport } from "@modelcontextprotocol/sdk/inMemory.js";
 
 import {
+  caller,
   checkToolName,
   createServer,
   defineTool,
   facts,
   FactsMissing,
+  parseCaller,
+  progress,
   result,
   seatVerb,
   ToolNameError,
@@ -59,6 +62,59 @@ test("result builds text, structured content and error results", () => {
     structuredContent: { a: 1 },
     isError: true,
   });
+});
+
+test("caller reads _meta's mesh/caller, checks every field, and is null otherwise", () => {
+  const meta = { "mesh/caller": { account: "ALICE", user: "alice", name: "cli", via: "bus" } };
+  assert.deepEqual(caller({ _meta: meta }), { account: "ALICE", user: "alice", name: "cli", via: "bus", id: "ALICE/alice" });
+  assert.deepEqual(caller({ _meta: { "mesh/caller": { account: "BOB", via: "local" } } }),
+    { account: "BOB", user: null, name: null, via: "local", id: "BOB" });
+  assert.equal(caller({}), null);
+  assert.equal(caller({ _meta: { progressToken: 1 } }), null);
+  const ok = { account: "A", user: null, name: null, via: "mcp" };
+  for (const [bad, why] of [
+    [null, /not an object/],
+    [{ ...ok, account: 5 }, /account is number/],
+    [{ ...ok, user: "" }, /user is empty/],
+    [{ ...ok, name: "é".repeat(129) }, /longer than 256 bytes/], // 258 UTF-8 bytes in 129 characters
+    [{ ...ok, name: "\ud800x" }, /broken UTF-16/],
+    [{ ...ok, account: "A/B" }, /holds a \//],
+    [{ ...ok, via: "BUS" }, /via is not one of/],
+  ]) {
+    assert.match(parseCaller({ "mesh/caller": bad }), why, JSON.stringify(bad));
+  }
+});
+
+test("progress needs a token and finite numbers, and stops once the call is cancelled", async () => {
+  const sent = [];
+  const signal = new AbortController().signal;
+  const extra = (meta, s = signal) => ({ _meta: meta, signal: s, sendNotification: async (n) => void sent.push(n) });
+  await progress(extra(undefined), 1);
+  await progress(extra({ progressToken: { not: "a token" } }), 1);
+  const aborted = new AbortController();
+  aborted.abort();
+  await progress(extra({ progressToken: "t" }, aborted.signal), 1);
+  assert.deepEqual(sent, []);
+  await progress(extra({ progressToken: "t" }), 0.5, { total: 1, message: "half" });
+  assert.deepEqual(sent, [{ method: "notifications/progress", params: { progressToken: "t", progress: 0.5, total: 1, message: "half" } }]);
+  await assert.rejects(progress(extra({ progressToken: "t" }), Number.NaN), RangeError);
+});
+
+test("progress reaches a client in order (in process)", async () => {
+  const server = createServer({ name: "t", version: "1" });
+  defineTool(server, "count", {}, async (extra) => { // no input schema: the handler gets only extra
+    for (let i = 1; i <= 3; i++) await progress(extra, i, { total: 3, message: `step ${i}` });
+    return result("done");
+  });
+  const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+  await server.connect(serverSide);
+  const client = new Client({ name: "test", version: "0" });
+  await client.connect(clientSide);
+  const seen = [];
+  const done = await client.callTool({ name: "count", arguments: {} }, undefined, { onprogress: (p) => seen.push(p) });
+  assert.equal(done.content[0].text, "done");
+  assert.deepEqual(seen, [1, 2, 3].map((i) => ({ progress: i, total: 3, message: `step ${i}` })));
+  await client.close();
 });
 
 test("a slow call does not hold up a fast one (in process)", async () => {

@@ -1,0 +1,220 @@
+/* The call side of the C SDK's loop (see mesh.h and README.md): reading stdin, so that a handler
+ * can look ahead for its own notifications/cancelled, and the caller and progress of a call.
+ *
+ * The loop is single-threaded: while a handler runs nobody reads stdin, so a cancel would wait
+ * behind the handler it is meant to stop. mesh_call_cancelled() therefore reads what is waiting
+ * (never blocking) into the same buffer the loop takes its lines from, notes every cancel it
+ * sees, and leaves the lines for the loop to serve afterwards, in order.
+ */
+#define _GNU_SOURCE /* memmem */
+
+#include "internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define READ_CHUNK 65536
+#define LOOKAHEAD_MAX (16u << 20) /* bytes waiting in the buffer past which a handler stops reading ahead */
+#define CANCELLED "notifications/cancelled"
+
+/* ---- input ------------------------------------------------------------------------------- */
+
+/* One read() into the buffer: >0 bytes, 0 at end of input, -1 on error (errno). */
+static ssize_t input_fill(struct input *in) {
+    if (in->start > 0) { /* drop what was handed out; what is left moves to the front */
+        memmove(in->buf, in->buf + in->start, in->len - in->start);
+        in->len -= in->start;
+        in->searched -= in->start;
+        in->scanned = in->scanned > in->start ? in->scanned - in->start : 0;
+        in->start = 0;
+    }
+    if (in->cap - in->len < READ_CHUNK / 2) { /* grows as needed: no line is too long */
+        size_t cap = in->cap ? in->cap * 2 : READ_CHUNK;
+        char *grown = realloc(in->buf, cap);
+        if (!grown) mesh__out_of_memory();
+        in->buf = grown;
+        in->cap = cap;
+    }
+    ssize_t n;
+    do n = read(STDIN_FILENO, in->buf + in->len, in->cap - in->len);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) in->eof = 1;
+    if (n > 0) in->len += (size_t)n;
+    return n;
+}
+
+int mesh__input_line(struct input *in, char **line, size_t *n) {
+    for (;;) {
+        char *nl = in->len > in->searched ? memchr(in->buf + in->searched, '\n', in->len - in->searched) : NULL;
+        size_t end = nl ? (size_t)(nl - in->buf) : in->len;
+        if (nl || (in->eof && in->start < in->len)) { /* a last line without a newline counts too */
+            *line = in->buf + in->start;
+            *n = end - in->start;
+            in->start = in->searched = nl ? end + 1 : end;
+            return 1;
+        }
+        in->searched = in->len;
+        if (in->eof) return 0;
+        if (input_fill(in) < 0) return -1;
+    }
+}
+
+/* ---- cancels read ahead ------------------------------------------------------------------- */
+
+static int index_of(struct loop *lp, json_t *id) {
+    for (size_t i = 0; i < lp->ncancels; i++)
+        if (json_equal(lp->cancels[i], id)) return (int)i;
+    return -1;
+}
+
+static void forget(struct loop *lp, size_t i) {
+    json_decref(lp->cancels[i]);
+    memmove(&lp->cancels[i], &lp->cancels[i + 1], (lp->ncancels - i - 1) * sizeof *lp->cancels);
+    lp->ncancels--;
+}
+
+/* A line holding "notifications/cancelled": note its request id. */
+static void note_cancel(struct loop *lp, const char *line, size_t n) {
+    json_t *msg = json_loadb(line, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    const char *method = json_string_value(json_object_get(msg, "method"));
+    json_t *id = json_object_get(json_object_get(msg, "params"), "requestId");
+    if (method && strcmp(method, CANCELLED) == 0 && (json_is_string(id) || json_is_integer(id)) && index_of(lp, id) < 0) {
+        if (lp->ncancels == MESH_CANCELS_MAX) {
+            mesh_log(MESH_WARN, "more than %d cancels read ahead; the oldest may still be answered", MESH_CANCELS_MAX);
+            forget(lp, 0);
+        }
+        lp->cancels[lp->ncancels++] = json_incref(id);
+    }
+    json_decref(msg);
+}
+
+/* Look at the complete lines not looked at yet. */
+static void scan(struct loop *lp) {
+    struct input *in = &lp->in;
+    size_t from = in->scanned > in->start ? in->scanned : in->start;
+    char *nl;
+    while ((nl = memchr(in->buf + from, '\n', in->len - from)) != NULL) {
+        size_t n = (size_t)(nl - in->buf) - from;
+        if (memmem(in->buf + from, n, CANCELLED, sizeof CANCELLED - 1)) note_cancel(lp, in->buf + from, n);
+        from += n + 1;
+    }
+    in->scanned = from;
+}
+
+/* Read what is waiting on stdin, never blocking, and note the cancels in it. */
+static void look_ahead(struct loop *lp) {
+    struct input *in = &lp->in;
+    if (in->buf) scan(lp);
+    while (!in->eof && in->len - in->start < LOOKAHEAD_MAX) {
+        struct pollfd ready = {.fd = STDIN_FILENO, .events = POLLIN};
+        if (poll(&ready, 1, 0) <= 0 || input_fill(in) <= 0) return; /* nothing waiting; an error is the loop's to report */
+        scan(lp);
+    }
+}
+
+int mesh__cancel_pending(struct loop *lp, json_t *id) {
+    return index_of(lp, id) >= 0;
+}
+
+void mesh__cancel_reached(struct loop *lp, json_t *params) {
+    int i = index_of(lp, json_object_get(params, "requestId"));
+    if (i >= 0) forget(lp, (size_t)i);
+}
+
+int mesh_call_cancelled(mesh_result *r) {
+    if (!r->cancelled && r->loop) {
+        look_ahead(r->loop);
+        r->cancelled = mesh__cancel_pending(r->loop, r->id);
+    }
+    return r->cancelled;
+}
+
+void mesh__loop_free(struct loop *lp) {
+    while (lp->ncancels) forget(lp, lp->ncancels - 1);
+    free(lp->in.buf);
+}
+
+/* ---- the caller --------------------------------------------------------------------------- */
+
+/* Why the caller's field `key` is not acceptable, or NULL with *out set (NULL for a missing or
+ * null optional one). */
+static const char *caller_text(json_t *fields, const char *key, int optional, const char **out) {
+    json_t *v = json_object_get(fields, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return optional ? NULL : "is missing";
+    if (!json_is_string(v)) return "is not a string";
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (n == 0) return "is empty";
+    if (n > MESH_CALLER_FIELD_MAX) return "is longer than 256 bytes";
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return "holds control characters";
+    *out = s;
+    return NULL;
+}
+
+static void read_caller(mesh_result *r, json_t *meta) {
+    json_t *fields = json_object_get(meta, "mesh/caller");
+    if (!fields) return;
+    if (!json_is_object(fields)) {
+        mesh_log(MESH_WARN, "mesh/caller is not an object; the handler gets no caller");
+        return;
+    }
+    struct mesh_caller *c = &r->caller_storage;
+    static const char *const keys[] = {"account", "user", "name"};
+    const char **slots[] = {&c->account, &c->user, &c->name};
+    const char *key = NULL, *why = NULL;
+    for (size_t i = 0; !why && i < 3; i++) why = caller_text(fields, key = keys[i], i > 0, slots[i]);
+    if (!why && strchr(c->account, '/')) why = "holds a /";
+    c->via = json_string_value(json_object_get(fields, "via"));
+    if (!why && !(c->via && (!strcmp(c->via, "bus") || !strcmp(c->via, "local") || !strcmp(c->via, "mcp"))))
+        key = "via", why = "is not one of bus, local, mcp";
+    if (why) {
+        mesh_log(MESH_WARN, "mesh/caller is malformed: %s %s; the handler gets no caller", key, why);
+        return;
+    }
+    snprintf(r->caller_id, sizeof r->caller_id, c->user ? "%s/%s" : "%s", c->account, c->user);
+    c->id = r->caller_id;
+    r->caller = c;
+}
+
+const struct mesh_caller *mesh_call_caller(const mesh_result *r) {
+    return r->caller;
+}
+
+void mesh__call_begin(struct loop *lp, mesh_result *r, json_t *id, json_t *params) {
+    json_t *meta = json_object_get(params, "_meta");
+    json_t *token = json_object_get(meta, "progressToken");
+    r->loop = lp;
+    r->id = id;
+    r->progress_token = json_is_string(token) || json_is_integer(token) ? token : NULL;
+    read_caller(r, meta);
+}
+
+/* ---- progress ----------------------------------------------------------------------------- */
+
+int mesh_call_progress(mesh_result *r, double progress, double total, const char *message) {
+    json_t *text = message ? json_string(message) : NULL;
+    if (!isfinite(progress) || !isfinite(total) || (message && !text)) {
+        json_decref(text);
+        errno = EINVAL;
+        return -1;
+    }
+    if (!r->loop || !r->progress_token || r->cancelled) {
+        json_decref(text);
+        return 0;
+    }
+    json_t *params = mesh__need(json_pack("{s:O, s:f}", "progressToken", r->progress_token, "progress", progress));
+    if (total > 0 && json_object_set_new(params, "total", mesh__need(json_real(total))) != 0) mesh__out_of_memory();
+    if (text && json_object_set_new(params, "message", text) != 0) mesh__out_of_memory();
+    json_t *note = mesh__need(json_pack("{s:s, s:s, s:o}", "jsonrpc", "2.0", "method", "notifications/progress", "params", params));
+    if (mesh__send(r->loop->out, note) != 0) {
+        errno = EIO;
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,195 @@
+"""What every SDK must do with a `tools/call` from the node (COMMON.md's shared contracts), checked
+over real stdio against a child that has three fixture tools:
+
+- `whoami`: returns `{"caller": <the Caller it saw, or null>}` as structured content, where a
+  Caller is `{"account", "user", "name", "via", "id"}`;
+- `wait_cancel` `{"marker": path}`: writes "started" to the marker file, waits until its call is
+  cancelled (at most ~30 s), then appends "cancelled" (the side channel; its result must never
+  be sent);
+- `count` `{"steps": n}`: sends n progress notifications (progress i, total n, message
+  "step i"), then returns "counted n".
+
+One set of checks for every language, so the SDKs cannot drift apart: a test module gives a
+`contract` fixture (a `serving(...)` Wire on its SDK's fixture bundle) and subclasses
+`CallContractTests`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from tests.support.stdio_client import StdioClient
+
+CALLER = {"account": "ALICE", "user": "alice", "name": "alice-client", "via": "bus"}
+FORGED = {"account": "MESH", "user": "root", "name": "forged", "via": "local"}
+# Each must reach the handler as no caller at all, without hurting the child.
+MALFORMED_CALLERS: list[Any] = [
+    "ALICE/alice",
+    ["ALICE"],
+    42,
+    {},
+    {"account": "ALICE", "via": "bus", "user": 7},
+    {"account": "", "user": None, "name": None, "via": "bus"},
+    {"account": "A/B", "user": None, "name": None, "via": "bus"},
+    {"account": "ALICE", "user": "x" * 257, "name": None, "via": "bus"},
+    {"account": "ALICE", "user": None, "name": "line\nbreak", "via": "bus"},
+    {"account": "ALICE", "user": None, "name": None, "via": "carrier-pigeon"},
+    {"account": "ALICE", "user": None, "name": None},
+]
+
+
+class Wire:
+    """Raw JSON-RPC lines to and from one child, read by a thread so a silent child fails a test
+    after a timeout instead of hanging it. Everything the child wrote is kept in `seen`."""
+
+    def __init__(self, client: StdioClient) -> None:
+        self.client = client
+        self.seen: list[dict[str, Any]] = []
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        stdout = client.proc.stdout
+        assert stdout is not None
+        threading.Thread(target=self._pump, args=(stdout,), daemon=True).start()
+
+    def _pump(self, stdout: Any) -> None:
+        for line in iter(stdout.readline, b""):
+            self._lines.put(line)
+        self._lines.put(b"")
+
+    def send(self, msg: dict[str, Any]) -> None:
+        stdin = self.client.proc.stdin
+        assert stdin is not None
+        stdin.write(json.dumps({"jsonrpc": "2.0", **msg}).encode() + b"\n")
+        stdin.flush()
+
+    def call(self, ident: int | str, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        if meta is not None:
+            params["_meta"] = meta
+        self.send({"id": ident, "method": "tools/call", "params": params})
+
+    def until(self, ident: int | str, timeout: float = 15) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The reply to `ident` and every message the child wrote before it."""
+        deadline = time.monotonic() + timeout
+        before: list[dict[str, Any]] = []
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no reply to {ident!r} within {timeout}s; got {before}") from None
+            assert line, f"child closed stdout before answering {ident!r}; got {before}"
+            msg = json.loads(line)  # stdout must carry only protocol
+            self.seen.append(msg)
+            if msg.get("id") == ident and ("result" in msg or "error" in msg):
+                return msg, before
+            before.append(msg)
+
+    def initialize(self) -> None:
+        self.send({"id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}})
+        assert "result" in self.until("init")[0]
+        self.send({"method": "notifications/initialized"})
+
+
+def expected(caller: dict[str, Any]) -> dict[str, Any]:
+    user = caller.get("user")
+    ident = f"{caller['account']}/{user}" if user else caller["account"]
+    return {"account": caller["account"], "user": user, "name": caller.get("name"), "via": caller["via"], "id": ident}
+
+
+def caller_seen(wire: Wire, ident: int, arguments: dict[str, Any], meta: dict[str, Any] | None) -> Any:
+    wire.call(ident, "whoami", arguments, meta)
+    reply, _ = wire.until(ident)
+    result = reply["result"]
+    assert not result.get("isError"), result
+    return result["structuredContent"]["caller"]
+
+
+def check_caller(wire: Wire) -> None:
+    """Exactly the `_meta` caller reaches the handler; arguments never forge one; a missing or
+    malformed one is no caller, and the child serves on."""
+    seen = caller_seen(wire, 1, {"caller": FORGED, "account": "MESH", "user": "root"}, {"mesh/caller": CALLER})
+    assert seen == expected(CALLER), seen
+    local = {"account": "MESH", "user": None, "name": None, "via": "local"}
+    assert caller_seen(wire, 2, {}, {"mesh/caller": local}) == expected(local)
+    bare = {"account": "BOB", "via": "bus"}  # an import without `share`: no user, no name
+    assert caller_seen(wire, 6, {}, {"mesh/caller": bare}) == {**expected(bare), "id": "BOB"}
+    assert caller_seen(wire, 3, {"caller": FORGED}, None) is None, "a caller forged in the arguments was believed"
+    assert caller_seen(wire, 4, {}, {"progressToken": "p"}) is None
+    for n, bad in enumerate(MALFORMED_CALLERS):
+        assert caller_seen(wire, 100 + n, {}, {"mesh/caller": bad}) is None, f"malformed caller accepted: {bad!r}"
+    longest = {"account": "A" * 256, "user": "u" * 256, "name": "n" * 256, "via": "mcp"}
+    assert caller_seen(wire, 5, {}, {"mesh/caller": longest}) == expected(longest)
+    wire.send({"id": "alive", "method": "ping"})
+    assert wire.until("alive")[0]["result"] == {}
+
+
+def _wait_for(path: Path, text: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}; it holds {path.read_text() if path.exists() else None!r}"
+        time.sleep(0.01)
+
+
+def check_cancel(wire: Wire, marker: Path) -> None:
+    """A cancel reaches the running handler, its call gets no reply, and the session goes on."""
+    wire.call(50, "wait_cancel", {"marker": str(marker)})
+    _wait_for(marker, "started")
+    wire.send({"method": "notifications/cancelled", "params": {"requestId": 50, "reason": "test"}})
+    wire.call(51, "whoami", {}, {"mesh/caller": CALLER})  # a later call is still answered
+    reply, _ = wire.until(51)
+    assert reply["result"]["structuredContent"]["caller"] == expected(CALLER)
+    _wait_for(marker, "cancelled")
+    time.sleep(0.3)  # room for a reply to 50 that must not come
+    wire.send({"id": 52, "method": "ping"})
+    wire.until(52)
+    assert [m for m in wire.seen if m.get("id") == 50] == [], "a cancelled call was answered"
+    assert marker.read_text().split() == ["started", "cancelled"]
+
+
+def check_progress(wire: Wire) -> None:
+    """Three progress notifications with the request's token, in order, before the result;
+    none at all without a token."""
+    for ident, token in ((60, "tok-60"), (61, 61)):
+        wire.call(ident, "count", {"steps": 3}, {"progressToken": token})
+        reply, before = wire.until(ident)
+        assert reply["result"]["content"][0]["text"] == "counted 3"
+        progress = [m for m in before if m.get("method") == "notifications/progress"]
+        assert [m["params"] for m in progress] == [
+            {"progressToken": token, "progress": i, "total": 3, "message": f"step {i}"} for i in (1, 2, 3)
+        ], before
+    wire.call(62, "count", {"steps": 3})
+    reply, before = wire.until(62)
+    assert reply["result"]["content"][0]["text"] == "counted 3"
+    assert [m for m in before if m.get("method") == "notifications/progress"] == [], "progress sent without a token"
+
+
+@contextmanager
+def serving(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Wire]:
+    """A child started and initialized; it must exit 0 when its stdin closes."""
+    client = StdioClient(argv, cwd=cwd, env=env)
+    wire = Wire(client)
+    wire.initialize()
+    yield wire
+    assert client.close() == 0
+
+
+class CallContractTests:
+    """The contract's tests, collected in each test module that subclasses this as `Test...`."""
+
+    def test_handler_gets_the_caller_from_meta_only(self, contract: Wire) -> None:
+        check_caller(contract)
+        assert contract.client.close() == 0
+        stderr = contract.client.proc.stderr
+        assert stderr is not None and b"mesh/caller is malformed" in stderr.read(), "a malformed caller was not logged"
+
+    def test_cancel_reaches_the_handler_and_drops_its_reply(self, contract: Wire, tmp_path: Path) -> None:
+        check_cancel(contract, tmp_path / "marker")
+
+    def test_progress_arrives_in_order_with_the_token(self, contract: Wire) -> None:
+        check_progress(contract)
