@@ -27,12 +27,14 @@ def node_source() -> Path:
 
 def meshctl() -> list[str]:
     if node_source() != ROOT:
-        return [sys.executable, "-m", "runtime.cli"]  # run from that folder: its runtime/ comes first
+        # Run from that folder: its runtime/ comes first (before issue 8 the CLI was runtime/cli.py).
+        cli = "runtime.meshctl" if (node_source() / "runtime" / "meshctl").is_dir() else "runtime.cli"
+        return [sys.executable, "-m", cli]
     beside = Path(sys.executable).parent / "meshctl"
     if beside.is_file():
         return [str(beside)]
     found = shutil.which("meshctl")
-    return [found] if found else [sys.executable, "-m", "runtime.cli"]
+    return [found] if found else [sys.executable, "-m", "runtime.meshctl"]
 
 
 def start_nats(workdir: Path) -> tuple[Proc, str]:

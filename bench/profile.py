@@ -33,7 +33,7 @@ async def drive(args: argparse.Namespace) -> None:
         manifests = work / "modules"
         echo_module(manifests, "echo")
         prof = work / "node.prof"
-        argv = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "runtime.cli", "node", "run",
+        argv = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "runtime.meshctl", "node", "run",
                 "--manifests", str(manifests), "--nats", url, "--name", "prof", "--state-dir", str(work / "state")]
         node = Proc("node", argv, work / "node.log", cwd=ROOT)
         nc = await connect(url)

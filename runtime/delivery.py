@@ -1,6 +1,6 @@
-"""Delivery: artifacts in a JetStream object store, each node's membership in a KV bucket.
+"""Delivery, the node's side: artifacts in a JetStream object store, each node's membership in a KV bucket.
 
-`meshctl bundle deliver` puts artifacts into the object store `mesh-bundles` and writes the
+`meshctl bundle deliver` (runtime/meshctl/deliver.py) puts artifacts into the object store `mesh-bundles` and writes the
 node's membership (modules, versions, seats, artifacts) under the key `node.<name>` of the KV
 bucket `mesh-membership`. Each node watches its key; on a change it fetches what it lacks,
 verifies every hash, unpacks, and starts, upgrades or stops modules without touching the
@@ -12,18 +12,17 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import anyio
 import msgspec
 from nats.aio.client import Client
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from manifests import LoadedModule, ManifestError, load_module
-from toolchains.artifact import ArtifactError, BundleMeta, read_meta, verify_and_unpack
+from toolchains.artifact import ArtifactError, read_meta, verify_and_unpack
 
-if TYPE_CHECKING:
-    from .node import Placement
+from .placement import Placement
 
 log = logging.getLogger("mesh.delivery")
 
@@ -56,15 +55,7 @@ def node_key(node: str) -> str:
     return f"node.{node}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-async def _buckets(nc: Client) -> tuple[object, object]:
+async def buckets(nc: Client) -> tuple[object, object]:
     js = nc.jetstream()
     try:
         obs = await js.object_store(OBJECT_BUCKET)
@@ -77,98 +68,6 @@ async def _buckets(nc: Client) -> tuple[object, object]:
     return obs, kv
 
 
-async def _change_membership(kv: object, node: str, change: Callable[[Membership], None]) -> Membership:
-    """Read-modify-write with the KV revision, so two operators never overwrite each other."""
-    for _ in range(20):
-        try:
-            entry = await kv.get(node_key(node))  # type: ignore[attr-defined]
-            current = msgspec.json.decode(entry.value, type=Membership) if entry.value else Membership()
-            revision = entry.revision
-        except KeyNotFoundError:
-            current, revision = Membership(), None
-        change(current)
-        data = msgspec.json.encode(current)
-        try:
-            if revision is None:
-                await kv.create(node_key(node), data)  # type: ignore[attr-defined]
-            else:
-                await kv.update(node_key(node), data, last=revision)  # type: ignore[attr-defined]
-            return current
-        except KeyWrongLastSequenceError:
-            continue
-        except Exception as e:  # create() races the same way: another writer was first
-            if "wrong last sequence" in str(e).lower() or "key exists" in str(e).lower():
-                continue
-            raise
-    raise DeliveryError(f"membership of node {node} kept changing under us; try again")
-
-
-async def deliver(
-    nc: Client, artifacts: list[Path], node: str, seats: list[str] | None, progress: Callable[[str], None]
-) -> Membership:
-    """Upload artifacts and set the node's membership: the artifacts' modules at their versions."""
-    obs, kv = await _buckets(nc)
-    modules: dict[str, tuple[BundleMeta, dict[str, BundleRef]]] = {}
-    for path in artifacts:
-        try:
-            meta = read_meta(path)
-        except ArtifactError as e:
-            raise DeliveryError(str(e)) from e
-        digest = _sha256(path)
-        name = f"{meta.module}/{meta.bundle}/{meta.version}/{digest[:16]}.tar.gz"
-        try:
-            await obs.get_info(name)  # type: ignore[attr-defined]
-            progress(f"{path.name}: already in the object store")
-        except (NotFoundError, KeyNotFoundError):
-            await obs.put(name, path.read_bytes())  # type: ignore[attr-defined]
-            progress(f"{path.name}: uploaded ({path.stat().st_size} bytes)")
-        first, refs = modules.setdefault(meta.module, (meta, {}))
-        if first.version != meta.version:
-            raise DeliveryError(f"{path}: module {meta.module} is given at versions {first.version} and {meta.version}")
-        refs[meta.bundle] = BundleRef(object=name, sha256=digest, language=meta.language, kind=meta.kind)
-
-    def change(m: Membership) -> None:
-        for module, (meta, refs) in modules.items():
-            declared = _declared_seats(meta)
-            held = declared if seats is None else [s for s in seats if s in declared]
-            old = m.modules.get(module)
-            bundles = dict(old.bundles) if old is not None and old.version == meta.version else {}
-            bundles.update(refs)
-            m.modules[module] = ModuleRef(version=meta.version, seats=held, bundles=bundles)
-
-    membership = await _change_membership(kv, node, change)
-    for module in modules:
-        ref = membership.modules[module]
-        progress(f"node {node}: {module} {ref.version} ({', '.join(sorted(ref.bundles))}); seats: {', '.join(ref.seats) or 'none'}")
-    return membership
-
-
-async def remove(nc: Client, modules: list[str], node: str) -> Membership:
-    _, kv = await _buckets(nc)
-    missing: list[str] = []
-
-    def change(m: Membership) -> None:
-        missing.clear()
-        for module in modules:
-            if m.modules.pop(module, None) is None:
-                missing.append(module)
-
-    membership = await _change_membership(kv, node, change)
-    if missing:
-        raise DeliveryError(f"node {node} is not a member of {', '.join(missing)}; it has {', '.join(membership.modules) or 'none'}")
-    return membership
-
-
-def _declared_seats(meta: BundleMeta) -> list[str]:
-    import tomllib
-
-    try:
-        data = tomllib.loads(meta.manifest) if meta.manifest else {}
-    except tomllib.TOMLDecodeError:
-        return []
-    return [s.get("name") for s in data.get("seat", []) if isinstance(s, dict) and isinstance(s.get("name"), str)]
-
-
 # --- the node's side ---------------------------------------------------------------------------
 class Reconciler:
     """Watches one node's membership key and brings the node's modules in line with it."""
@@ -178,7 +77,7 @@ class Reconciler:
         nc: Client,
         node: str,
         state_dir: Path,
-        add: Callable[["Placement"], Awaitable[None]],
+        add: Callable[[Placement], Awaitable[None]],
         remove: Callable[[str], Awaitable[None]],
         report: Callable[[str, str | None], None],
     ) -> None:
@@ -191,7 +90,7 @@ class Reconciler:
         said = False
         while True:
             try:
-                _, kv = await _buckets(self.nc)
+                _, kv = await buckets(self.nc)
                 watcher = await kv.watch(node_key(self.node))  # type: ignore[attr-defined]
                 break
             except Exception as e:  # JetStream may be off or not yet reachable: say so once, try again
@@ -202,7 +101,7 @@ class Reconciler:
                     )
                     said = True
                 await anyio.sleep(5)
-        obs, _ = await _buckets(self.nc)
+        obs, _ = await buckets(self.nc)
         try:
             async for entry in watcher:
                 if entry is None:  # the initial marker: nothing (more) stored yet
@@ -248,9 +147,7 @@ class Reconciler:
             self.current[name] = ref
             self._report(name, None)
 
-    async def _fetch(self, obs: object, name: str, ref: ModuleRef) -> "Placement":
-        from .node import Placement
-
+    async def _fetch(self, obs: object, name: str, ref: ModuleRef) -> Placement:
         base = self.state_dir / "bundles" / name / ref.version
         dirs: dict[str, Path] = {}
         build_env: dict[str, dict[str, str]] = {}

@@ -11,7 +11,6 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -25,12 +24,13 @@ from launcher.bundle import Bundle, BundleSpec, BundleStatus
 from launcher.env import child_env, resolve_argv
 from launcher.process import ChildSpec, use_pidfd_child_watcher
 from launcher.reaper import MARKER_VAR, Reaper, kill_marked
-from manifests import LoadedModule, ManifestError, find_modules, load_module
+from manifests import LoadedModule
 
 from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
 from .config import NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
+from .placement import RUN_FROM_SOURCE, Placement
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
 from .service import Service, collect_infos
 
@@ -61,25 +61,6 @@ class NodeStatus(msgspec.Struct):
     problems: list[str]
     in_flight: int
     answered: int
-
-
-# Languages a node runs straight from their source folder; the others are built first.
-RUN_FROM_SOURCE = frozenset({"python"})
-
-
-@dataclass
-class Placement:
-    """Where a module's bundles are on this node and what each was built with."""
-
-    loaded: LoadedModule
-    dirs: dict[str, Path]
-    build_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    seats: list[str] | None = None  # seats to hold; None: every seat the module declares
-    from_source: bool = False
-
-
-def from_source(loaded: LoadedModule) -> Placement:
-    return Placement(loaded, {b.name: loaded.source_dir(b) for b in loaded.module.bundle}, from_source=True)
 
 
 class Node:
@@ -456,25 +437,3 @@ class Node:
         held = sorted(s.seat for s in self.seats.values() if s.state == "held")
         return {"node": self.name, "seats": ",".join(held)}
 
-
-def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:
-    """Every module folder under `directory`, served from source; problems are named, not fatal."""
-    placements: list[Placement] = []
-    problems: list[str] = []
-    try:
-        folders = find_modules(directory)
-    except OSError as e:
-        return [], [f"{directory}: cannot read the manifests folder: {e.strerror}"]
-    names: dict[str, Path] = {}
-    for folder in folders:
-        try:
-            loaded = load_module(folder)
-        except ManifestError as e:
-            problems.extend(str(p) for p in e.problems)
-            continue
-        if loaded.module.name in names:
-            problems.append(f"{loaded.path}: name: module {loaded.module.name!r} is also in {names[loaded.module.name]}")
-            continue
-        names[loaded.module.name] = loaded.path
-        placements.append(from_source(loaded))
-    return placements, problems

@@ -339,11 +339,11 @@ def test_check_path_reports_load_problems() -> None:
 
 
 def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "runtime.meshctl", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_check_good_module() -> None:
-    # The installed console script, once; the other CLI tests use `python -m runtime.cli`.
+    # The installed console script, once; the other CLI tests use `python -m runtime.meshctl`.
     script = Path(sys.executable).parent / "meshctl"
     done = subprocess.run([str(script), "module", "check", str(DATA / "good")],
                           capture_output=True, text=True, timeout=60)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from manifests import load_module
-from runtime.node import from_source
-from runtime.units import (
+from runtime.placement import from_source
+from runtime.meshctl.units import (
     NODE_UNIT,
     UnitError,
     build_from_source,
@@ -280,7 +280,7 @@ def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
 def test_meshctl_node_units_writes_the_units_of_a_manifests_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from argparse import Namespace
 
-    from runtime.units import cmd_node_unit, cmd_node_units
+    from runtime.meshctl.units import cmd_node_unit, cmd_node_units
 
     manifests = tmp_path / "modules"
     service_module(manifests)

@@ -129,7 +129,7 @@ def start_node(work: Path, manifests: Path, url: str, name: str) -> tuple[subpro
     config = work / "node.toml"
     config.write_text(NODE_CONFIG)
     log_path = work / "node.log"
-    argv = [sys.executable, "-m", "runtime.cli", "node", "run", "--manifests", str(manifests), "--nats", url,
+    argv = [sys.executable, "-m", "runtime.meshctl", "node", "run", "--manifests", str(manifests), "--nats", url,
             "--name", name, "--state-dir", str(work / "state"), "--config", str(config)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
     return proc, log_path

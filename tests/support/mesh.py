@@ -20,7 +20,7 @@ from runtime.bus import free_port, nats_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW_CHILD = ROOT / "tests" / "children" / "raw_child.py"
-MESHCTL = [sys.executable, "-m", "runtime.cli"]
+MESHCTL = [sys.executable, "-m", "runtime.meshctl"]
 
 
 class NatsServer:

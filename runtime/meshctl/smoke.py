@@ -22,8 +22,8 @@ import msgspec
 
 from manifests import load_module
 
-from .bus import read_bus_info
-from .config import NatsConfig
+from runtime.bus import read_bus_info
+from runtime.config import NatsConfig
 
 
 def _print(line: str) -> None:
@@ -73,7 +73,7 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
     node_name = f"smoke-{os.getpid()}"
     state = work / "state"
     log_path = work / "node.log"
-    argv = [sys.executable, "-m", "runtime.cli", "node", "run", "--name", node_name, "--state-dir", str(state),
+    argv = [sys.executable, "-m", "runtime.meshctl", "node", "run", "--name", node_name, "--state-dir", str(state),
             "--embedded-port", "0"]
     _print(f"smoke: starting node {node_name} on an embedded bus (log: {log_path})")
     node = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
@@ -96,8 +96,8 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
 
 async def _deliver_and_call(node, node_name: str, state: Path, modules: list[Path], artifacts: dict[str, list[Path]],
                             failures: dict[str, str], timeout: float) -> int:
-    from .bus import connect
-    from .delivery import deliver
+    from runtime.bus import connect
+    from runtime.meshctl.deliver import deliver
 
     deadline = time.monotonic() + 30
     info = None

@@ -20,9 +20,9 @@ import anyio
 import msgspec
 from nats.aio.client import Client
 
-from .bus import BusError, BusInfo, connect, read_bus_info
-from .config import ConfigError, NatsConfig, default_state_dir, finish, load_config
-from .errors import HEADER_CODE, HEADER_TEXT
+from runtime.bus import BusError, BusInfo, connect, read_bus_info
+from runtime.config import ConfigError, NatsConfig, default_state_dir, finish, load_config
+from runtime.errors import HEADER_CODE, HEADER_TEXT
 
 log = logging.getLogger("mesh.cli")
 
@@ -114,7 +114,8 @@ async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -
 
 # --- node run -------------------------------------------------------------------------
 def cmd_node_run(args: argparse.Namespace) -> int:
-    from .node import Node, load_placements
+    from runtime.node import Node
+    from runtime.placement import load_placements
 
     try:
         config = load_config(args.config)
@@ -260,7 +261,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:
-    from .service import collect_infos
+    from runtime.service import collect_infos
 
     async with _bus(cfg) as nc:
         return await collect_infos(nc, wait)
@@ -322,7 +323,8 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_deliver(args: argparse.Namespace) -> int:
-    from .delivery import DeliveryError, deliver
+    from runtime.delivery import DeliveryError
+    from runtime.meshctl.deliver import deliver
 
     cfg, found = _client_config(args)
     node = args.node or found
@@ -345,7 +347,8 @@ def cmd_bundle_deliver(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_remove(args: argparse.Namespace) -> int:
-    from .delivery import DeliveryError, remove
+    from runtime.delivery import DeliveryError
+    from runtime.meshctl.deliver import remove
 
     cfg, found = _client_config(args)
     node = args.node or found
@@ -367,7 +370,7 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
 def cmd_smoke(args: argparse.Namespace) -> int:
     from toolchains.build import find_repo_root
 
-    from .smoke import run_smoke
+    from runtime.meshctl.smoke import run_smoke
 
     bundles = Path(args.bundles) if args.bundles else None
     if bundles is None:
@@ -414,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
     _bus_options(restart)
     restart.set_defaults(func=cmd_node_restart)
 
-    from .units import SYSTEM_STATE_DIR, cmd_node_unit, cmd_node_units
+    from runtime.meshctl.units import SYSTEM_STATE_DIR, cmd_node_unit, cmd_node_units
 
     unit = node_verbs.add_parser("unit", help="the node's own systemd unit (mesh-node.service)")
     unit.add_argument("--config", metavar="FILE", help="the node's TOML config file, passed on to `node run`")

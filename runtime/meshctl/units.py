@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 from manifests.model import ENV_NAME_RE
 
 if TYPE_CHECKING:  # the node module pulls in NATS; a unit writer only needs the data class
-    from .node import Placement
+    from runtime.placement import Placement
 
 NODE_UNIT = "mesh-node.service"
 # Where a node run by systemd keeps its state: /var/lib/<StateDirectory>, created by systemd.
@@ -372,7 +372,7 @@ def build_from_source(
     its tools bundles: into <state>/from-source/<module>/<bundle>. Python runs from its source."""
     from toolchains.build import stage_bundle
 
-    from .node import RUN_FROM_SOURCE
+    from runtime.placement import RUN_FROM_SOURCE
 
     loaded = placement.loaded
     dirs = dict(placement.dirs)
@@ -392,10 +392,10 @@ def build_from_source(
     return replace(placement, dirs=dirs, build_env=build_env)
 
 
-# --- meshctl verbs (wired into runtime/cli.py) ---------------------------------------------
+# --- meshctl verbs (wired into runtime/meshctl/cli.py) ---------------------------------------------
 def _settings(args: argparse.Namespace) -> tuple[str | None, str | None, str, str | None]:
     """(config file, node name, state folder, manifests folder) from flags over the config file."""
-    from .config import ConfigError, load_config
+    from runtime.config import ConfigError, load_config
 
     try:
         config = load_config(args.config)
@@ -437,8 +437,8 @@ def cmd_node_units(args: argparse.Namespace) -> int:
     from toolchains.base import BuildFailed, ToolchainMissing
     from toolchains.build import BuildError
 
-    from .config import finish, load_config
-    from .node import load_placements
+    from runtime.config import finish, load_config
+    from runtime.placement import load_placements
 
     try:
         _, name, state, manifests = _settings(args)
