@@ -12,7 +12,7 @@ import logging
 import random
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import anyio
@@ -28,8 +28,9 @@ log = logging.getLogger("mesh.bundle")
 STDERR_TAIL = 50
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
+class RestartPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When a child that ended is started again; also the `[restart]` table of the node's config."""
+
     max_restarts: int = 5  # within window_s; one more and the bundle is failed
     window_s: float = 60.0
     backoff_initial_s: float = 0.25
@@ -37,8 +38,9 @@ class RestartPolicy:
     stable_after_s: float = 10.0  # a child that served this long starts again at once
 
 
-@dataclass(frozen=True)
-class HealthPolicy:
+class HealthPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a child is watched and stopped; also the `[health]` table of the node's config."""
+
     init_timeout_s: float = 10.0
     ping_interval_s: float = 5.0
     ping_timeout_s: float = 5.0
@@ -47,15 +49,15 @@ class HealthPolicy:
 
 
 @dataclass(frozen=True)
-class BundleSpec:
+class RunnerSpec:
     module: str
     name: str
     language: str
     child: ChildSpec
-    timeout_ms: int = 30_000
-    max_in_flight: int = 256
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
-    health: HealthPolicy = field(default_factory=HealthPolicy)
+    timeout_ms: int  # the manifest's; its default is written there
+    max_in_flight: int
+    restart: RestartPolicy = RestartPolicy()
+    health: HealthPolicy = HealthPolicy()
     # Builds the bundle before its first start (compiled code served from source); gives the
     # child to run. A failure is not retried on its own: the bundle is failed until reset.
     prepare: Callable[[], Awaitable[ChildSpec]] | None = None
@@ -140,13 +142,13 @@ class _Slots:
         self.used -= 1
 
 
-class Bundle:
+class BundleRunner:
     """A supervised child. `run()` is owned by the node's task group; `call()` by a request."""
 
     def __init__(
         self,
-        spec: BundleSpec,
-        on_tools: Callable[["Bundle"], None] = lambda b: None,
+        spec: RunnerSpec,
+        on_tools: Callable[["BundleRunner"], None] = lambda b: None,
         reaper: Reaper | None = None,
     ) -> None:
         self.spec = spec
@@ -176,18 +178,38 @@ class Bundle:
         self.finished = asyncio.Event()  # run() has ended: its child is gone
 
     # --- calls ----------------------------------------------------------------------------
-    def begin(self, tool_json: bytes, arguments: bytes) -> "Pending | None":
-        """The fast path: when ready with a free slot, write the call now; None means use call()."""
+    def begin(self, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending | None":
+        """The fast path: when ready with a free slot, write the call now; None: use begin_when_ready().
+
+        `deadline` is on the event loop's clock: the moment the caller stops waiting.
+        """
         session = self._session
         if self.state != "ready" or session is None or not self._slots.try_acquire():
             return None
+        return self._write_call(session, tool_json, arguments, deadline)
+
+    async def begin_when_ready(self, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending":
+        """Write a call once the bundle is ready and a slot is free, riding over a start; by `deadline`.
+
+        BundleUnavailable at once when the bundle is down, CallTimedOut when the deadline passes first.
+        """
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if self.state != "ready" or session is None:
+            session = await self._wait_ready(deadline)
+        if not await self._slots.acquire(deadline - loop.time()):
+            raise CallTimedOut(self.key, tool_json.decode(), self.spec.timeout_ms)
+        return self._write_call(session, tool_json, arguments, deadline)
+
+    def _write_call(self, session: Session, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending":
+        # The slot is held; whatever goes wrong here frees it again.
         self.calls += 1
         try:
-            return Pending(session, session.begin_tool_call(tool_json, arguments, self.spec.timeout_ms / 1000))
+            return Pending(session, session.begin_tool_call(tool_json, arguments, deadline, self.spec.timeout_ms))
         except SessionClosed as e:
             self._slots.release()
             raise self.unavailable(e.reason) from e
-        except BaseException:  # the session closed under us (BundleUnavailable): the slot is free again
+        except BaseException:
             self._slots.release()
             raise
 
@@ -195,41 +217,14 @@ class Bundle:
         """The answer to a call begun with begin(); frees its slot whatever happens."""
         try:
             return await pending.session.result(pending.call)
-        except CallTimedOut as e:
-            raise CallTimedOut(self.key, e.what, self.spec.timeout_ms) from None
         except SessionClosed as e:
             raise self.unavailable(e.reason) from e
         finally:
             self._slots.release()
 
-    async def call(self, tool_json: bytes, arguments: bytes) -> msgspec.Raw:
-        """Forward one `tools/call`, riding over a start; BundleUnavailable at once when down."""
-        pending = self.begin(tool_json, arguments)
-        if pending is not None:
-            return await self.finish(pending)
-        timeout = self.spec.timeout_ms / 1000
+    async def settle(self, deadline: float) -> None:
+        """Wait while a start is in progress (until `deadline`, loop clock): a start is ridden over."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        session = self._session
-        if self.state != "ready" or session is None:
-            session = await self._wait_ready(deadline)
-        if not await self._slots.acquire(deadline - loop.time()):
-            raise CallTimedOut(self.key, tool_json.decode(), self.spec.timeout_ms)
-        self.calls += 1
-        try:
-            call = session.begin_tool_call(tool_json, arguments, max(deadline - loop.time(), 0.001))
-        except SessionClosed as e:
-            self._slots.release()
-            raise self.unavailable(e.reason) from e
-        except BaseException:
-            self._slots.release()
-            raise
-        return await self.finish(Pending(session, call))
-
-    async def settle(self, timeout: float) -> None:
-        """Wait while a start is in progress (at most `timeout`): a start is ridden over."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         while self.state == "starting":
             changed = self._changed
             remaining = deadline - loop.time()
@@ -242,7 +237,7 @@ class Bundle:
 
     async def _wait_ready(self, deadline: float) -> Session:
         # Any state but `starting` is down: answered at once.
-        await self.settle(deadline - asyncio.get_running_loop().time())
+        await self.settle(deadline)
         if self.state == "ready" and self._session is not None:
             return self._session
         raise self.unavailable()

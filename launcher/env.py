@@ -7,6 +7,7 @@ variables its manifest asks for by name: the node's NATS credentials and tokens 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import sys
 from pathlib import Path
@@ -49,8 +50,10 @@ def child_env(
     manifest_env: Mapping[str, str],
     pass_env: list[str],
     build_env: Mapping[str, str] | None = None,
+    child_user: str | None = None,
     parent: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
+    """The child's whole environment; a child run as `child_user` gets that user's HOME and names."""
     parent = os.environ if parent is None else parent
     env = {k: parent[k] for k in ALLOWLIST if k in parent}
     env.setdefault("PATH", DEFAULT_PATH)
@@ -72,4 +75,7 @@ def child_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if child_user:
+        pw = pwd.getpwnam(child_user)
+        env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
     return env

@@ -75,6 +75,16 @@ _decode_incoming = msgspec.json.Decoder(Incoming).decode
 _encode = msgspec.json.Encoder().encode
 _format = msgspec.json.format
 
+_TOOLS_CALL = b'"method":"tools/call"'
+
+
+def tool_call_params(tool: bytes, arguments: bytes) -> bytes:
+    """The `params` member of a `tools/call` request, as bytes: `tool` JSON-encoded, `arguments` as sent."""
+    if b"\n" in arguments or b"\r" in arguments:
+        arguments = _format(arguments, indent=0)  # one message, one line
+    return b',"params":{"name":' + tool + b',"arguments":' + arguments + b"}"
+
+
 Write = Callable[[bytes], None]
 NotificationHandler = Callable[[str, msgspec.Raw], None]
 
@@ -186,8 +196,8 @@ class Session:
             raise SessionClosed(self.name, f"cannot write to the child: {e}") from e
         return rid, fut
 
-    def _arm(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timeout: float, what: str) -> "Call":
-        return Call(rid, fut, self._loop.call_later(timeout, self._expire, rid, fut, what, timeout))
+    def _arm(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", deadline: float, what: str, timeout_ms: int) -> "Call":
+        return Call(rid, fut, self._loop.call_at(deadline, self._expire, rid, fut, what, timeout_ms))
 
     async def result(self, call: "Call") -> msgspec.Raw:
         """The answer to a call begun with `begin_tool_call`."""
@@ -201,11 +211,11 @@ class Session:
         finally:
             call.timer.cancel()
 
-    def _expire(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", what: str, timeout: float) -> None:
+    def _expire(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", what: str, timeout_ms: int) -> None:
         if self._pending.pop(rid, None) is None or fut.done():
             return
-        self._cancel_in_child(rid, f"timed out after {int(timeout * 1000)} ms")
-        fut.set_exception(CallTimedOut(self.name, what, int(timeout * 1000)))
+        self._cancel_in_child(rid, f"timed out after {timeout_ms} ms")
+        fut.set_exception(CallTimedOut(self.name, what, timeout_ms))
 
     def _cancel_in_child(self, rid: int, reason: str) -> None:
         try:
@@ -217,21 +227,17 @@ class Session:
         head = b'"method":' + _encode(method)
         tail = b',"params":' + _encode(params) if params is not None else b""
         rid, fut = self._start(head, tail)
-        return await self.result(self._arm(rid, fut, timeout, method))
+        return await self.result(self._arm(rid, fut, self._loop.time() + timeout, method, int(timeout * 1000)))
 
-    def begin_tool_call(self, tool: bytes, arguments: bytes, timeout: float) -> "Call":
+    def begin_tool_call(self, tool: bytes, arguments: bytes, deadline: float, timeout_ms: int) -> "Call":
         """Write a `tools/call` now; `tool` is the JSON-encoded name, `arguments` a JSON object as sent.
 
         Not a coroutine: the request is on its way to the child before the caller's task is
-        even scheduled, which is one turn of the event loop saved on every call.
+        even scheduled, which is one turn of the event loop saved on every call. The call times
+        out at `deadline` (loop clock); `timeout_ms` is the timeout its error names.
         """
-        if b"\n" in arguments or b"\r" in arguments:
-            arguments = _format(arguments, indent=0)  # one message, one line
-        rid, fut = self._start(b'"method":"tools/call","params":{"name":' + tool, b',"arguments":' + arguments + b"}")
-        return self._arm(rid, fut, timeout, tool.decode())
-
-    async def call_tool(self, tool: bytes, arguments: bytes, timeout: float) -> msgspec.Raw:
-        return await self.result(self.begin_tool_call(tool, arguments, timeout))
+        rid, fut = self._start(_TOOLS_CALL, tool_call_params(tool, arguments))
+        return self._arm(rid, fut, deadline, tool.decode(), timeout_ms)
 
     @property
     def in_flight(self) -> int:

@@ -1,11 +1,11 @@
 """Module manifests: the format, loading with clear errors, the registration check."""
 
 from .load import LoadedModule, ManifestError, Problem, find_modules, load_module
-from .model import Artifact, Bundle, Module, Seat
+from .model import Artifact, BundleManifest, Module, Seat
 
 __all__ = [
     "Artifact",
-    "Bundle",
+    "BundleManifest",
     "LoadedModule",
     "ManifestError",
     "Module",

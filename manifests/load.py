@@ -18,7 +18,7 @@ from .model import (
     NAME_RE,
     SEAT_NAME_RE,
     Artifact,
-    Bundle,
+    BundleManifest,
     Module,
     Seat,
 )
@@ -51,7 +51,7 @@ class LoadedModule:
     path: Path  # the module.toml
     root: Path  # the module's folder
 
-    def source_dir(self, bundle: Bundle) -> Path:
+    def source_dir(self, bundle: BundleManifest) -> Path:
         return (self.root / bundle.source).resolve()
 
 
@@ -170,7 +170,7 @@ class _Validator:
         return True
 
     def bundle(self, where: str, b: dict[str, Any]) -> str | None:
-        self.known_keys(where, b, Bundle)
+        self.known_keys(where, b, BundleManifest)
         ok = self.name(f"{where}.name", b.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"tools\"")
         kind = b.get("kind")
         if kind not in KINDS:

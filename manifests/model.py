@@ -24,7 +24,7 @@ LANGUAGES: tuple[str, ...] = ("python", "typescript", "go", "rust", "c")
 COMPILED_LANGUAGES: frozenset[str] = frozenset({"go", "rust", "c"})
 
 
-class Bundle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class BundleManifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     kind: Kind
     language: Language
@@ -56,12 +56,12 @@ class Artifact(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class Module(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
     version: str
-    bundle: list[Bundle] = []
+    bundle: list[BundleManifest] = []
     seat: list[Seat] = []
     artifact: list[Artifact] = []
     description: str = ""
 
-    def tools_bundles(self) -> list[Bundle]:
+    def tools_bundles(self) -> list[BundleManifest]:
         return [b for b in self.bundle if b.kind == "tools"]
 
     def seat_names(self) -> list[str]:

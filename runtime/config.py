@@ -47,28 +47,6 @@ class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     embedded_port: int = 4222
 
 
-class RestartConfig(msgspec.Struct, forbid_unknown_fields=True):
-    max_restarts: int = 5
-    window_s: float = 60.0
-    backoff_initial_s: float = 0.25
-    backoff_max_s: float = 30.0
-    stable_after_s: float = 10.0
-
-    def policy(self) -> RestartPolicy:
-        return RestartPolicy(**msgspec.structs.asdict(self))
-
-
-class HealthConfig(msgspec.Struct, forbid_unknown_fields=True):
-    init_timeout_s: float = 10.0
-    ping_interval_s: float = 5.0
-    ping_timeout_s: float = 5.0
-    ping_misses: int = 2
-    stop_grace_s: float = 2.0
-
-    def policy(self) -> HealthPolicy:
-        return HealthPolicy(**msgspec.structs.asdict(self))
-
-
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str = ""
     state_dir: str = ""
@@ -81,8 +59,9 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     # How long a graceful stop waits for calls in flight before it stops the children.
     drain_timeout_s: float = 30.0
     nats: NatsConfig = msgspec.field(default_factory=NatsConfig)
-    restart: RestartConfig = msgspec.field(default_factory=RestartConfig)
-    health: HealthConfig = msgspec.field(default_factory=HealthConfig)
+    # The launcher's own policies, read as they are: their defaults are written there, once.
+    restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
+    health: HealthPolicy = msgspec.field(default_factory=HealthPolicy)
 
 
 class ConfigError(Exception):

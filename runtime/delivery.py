@@ -30,7 +30,7 @@ OBJECT_BUCKET = "mesh-bundles"
 KV_BUCKET = "mesh-membership"
 
 
-class BundleRef(msgspec.Struct, frozen=True):
+class ArtifactRef(msgspec.Struct, frozen=True):
     object: str  # name in the object store
     sha256: str  # of the artifact file
     language: str
@@ -40,7 +40,7 @@ class BundleRef(msgspec.Struct, frozen=True):
 class ModuleRef(msgspec.Struct, frozen=True):
     version: str
     seats: list[str]
-    bundles: dict[str, BundleRef]
+    bundles: dict[str, ArtifactRef]
 
 
 class Membership(msgspec.Struct):

@@ -15,7 +15,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from launcher.bundle import Pending
+from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
 
 from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
@@ -49,19 +49,22 @@ class Dispatcher:
 
         When the route is known and its bundle ready, the call is checked and written to the
         child right here; the task only waits for the answer and replies. Everything else
-        (a start to ride over, an error to render) happens in the task.
+        (a start to ride over, an error to answer) happens in the task.
         """
         started = time.perf_counter_ns()
+        arrived = self._loop.time()
         self.in_flight += 1
         route = self.table.routes.get(msg.subject)
-        begun: Pending | BaseException | None = None
-        if route is not None:
+        if route is None:
+            answer = self.serve(msg, None, None, arrived, started)
+        else:
             try:
-                data = self._checked(route, msg.data)
-                begun = route.bundle.begin(route.tool_json, data)
-            except (NodeError, BundleUnavailable) as e:
-                begun = e
-        task = self._loop.create_task(self.serve(msg, route, begun, started))
+                pending = self._begin(route, msg, arrived)
+            except NodeError as e:
+                answer = self._answer(msg, route, b"", e, started)
+            else:
+                answer = self.serve(msg, route, pending, arrived, started)
+        task = self._loop.create_task(answer)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -77,38 +80,66 @@ class Dispatcher:
     def max_payload(self) -> int:
         return self.nc.max_payload or 1024 * 1024
 
-    async def serve(self, msg: Msg, route: Route | None, begun: "Pending | BaseException | None", started: int) -> None:
+    def deadline(self, msg: Msg, arrived: float, bundle: BundleRunner) -> float:
+        """When the caller stops waiting (loop clock): the bundle's timeout from the request's arrival."""
+        return arrived + bundle.spec.timeout_ms / 1000
+
+    def _begin(self, route: Route, msg: Msg, arrived: float) -> Pending | None:
+        """Check the body and write the call now if the bundle is ready; None: it must wait."""
+        try:
+            return route.bundle.begin(route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle))
+        except BundleUnavailable as e:
+            raise Unavailable(route.tool, route.module, e, self.node) from None
+
+    async def _begin_late(self, msg: Msg, route: Route | None, arrived: float) -> tuple[Route, Pending]:
+        """A call that arrives while its bundle starts, or finds no free slot, waits for them (not a 503)."""
+        if route is None:
+            for bundle in self.table.starting(msg.subject):
+                await bundle.settle(self.deadline(msg, arrived, bundle))
+            route = self.table.resolve(msg.subject)
+        data = self._checked(route, msg.data)
+        try:
+            return route, await route.bundle.begin_when_ready(route.tool_json, data, self.deadline(msg, arrived, route.bundle))
+        except BundleUnavailable as e:
+            raise Unavailable(route.tool, route.module, e, self.node) from None
+        except CallTimedOut as e:
+            raise TimedOut(route.tool, e) from None
+
+    async def _finish(self, route: Route, pending: Pending) -> bytes:
+        """The child's answer to a call written, as the reply's bytes."""
+        try:
+            result = await route.bundle.finish(pending)
+        except BundleUnavailable as e:
+            raise Unavailable(route.tool, route.module, e, self.node) from None
+        except CallTimedOut as e:
+            raise TimedOut(route.tool, e) from None
+        except ChildError as e:
+            raise _child_error(route.subject, e) from None
+        if len(result) > self.max_payload:
+            raise TooLarge(route.subject, f"the result of {route.tool}", len(result), self.max_payload)
+        return bytes(result)
+
+    async def serve(self, msg: Msg, route: Route | None, pending: Pending | None, arrived: float, started: int) -> None:
         """Answer one request; never raises for anything a caller or a child does."""
         error: NodeError | None = None
         body = b""
         try:
-            if isinstance(begun, BaseException):
-                raise begun
-            if begun is not None:
-                assert route is not None
-                result = await route.bundle.finish(begun)
-            else:
-                if route is None:
-                    route = await self._route_after_start(msg.subject)
-                result = await route.bundle.call(route.tool_json, self._checked(route, msg.data))
-            if len(result) > self.max_payload:
-                raise TooLarge(route.subject, f"the result of {route.tool}", len(result), self.max_payload)
-            body = bytes(result)
+            if pending is None or route is None:
+                route, pending = await self._begin_late(msg, route, arrived)
+            body = await self._finish(route, pending)
         except NodeError as e:
             error = e
-        except BundleUnavailable as e:
-            error = Unavailable(route.tool if route else msg.subject, route.module if route else "?", e, self.node)
-        except CallTimedOut as e:
-            error = TimedOut(route.tool if route else msg.subject, e)
-        except ChildError as e:
-            error = _child_error(msg.subject, e)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await self._reply(msg, None, NodeStopping(msg.subject, self.node))
+                await self._answer(msg, route, b"", NodeStopping(msg.subject, self.node), started)
             raise
         except Exception as e:  # a bug of ours must cost one call, not the node
             log.exception("answering %s failed", msg.subject)
             error = Internal(f"{msg.subject}: internal error of the node: {type(e).__name__}: {e}")
+        await self._answer(msg, route, body, error, started)
+
+    async def _answer(self, msg: Msg, route: Route | None, body: bytes, error: NodeError | None, started: int) -> None:
+        """Reply, then count the call in its route's stats and in the dispatcher's."""
         try:
             await self._reply(msg, body, error)
         finally:
@@ -122,12 +153,6 @@ class Dispatcher:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
-
-    async def _route_after_start(self, subject: str) -> Route:
-        # A call that arrives while its bundle starts waits for the start, not a 503.
-        for bundle in self.table.starting(subject):
-            await bundle.settle(bundle.spec.timeout_ms / 1000)
-        return self.table.resolve(subject)
 
     def _checked(self, route: Route, data: bytes) -> bytes:
         """The body as it goes to the child, or BadRequest naming what is wrong."""

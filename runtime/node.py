@@ -12,25 +12,25 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from launcher.bundle import Bundle, BundleSpec, BundleStatus
-from launcher.env import child_env, resolve_argv
-from launcher.process import ChildSpec, use_pidfd_child_watcher
-from launcher.reaper import MARKER_VAR, Reaper, kill_marked
-from manifests import LoadedModule
+from launcher.bundle import BundleRunner, BundleStatus
+from launcher.process import use_pidfd_child_watcher
+from launcher.reaper import Reaper, kill_marked
+from manifests import BundleManifest
 
 from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
 from .config import NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
-from .placement import RUN_FROM_SOURCE, Placement
+from .placement import Placement, data_dir, runner_spec
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
 from .service import Service, collect_infos
 
@@ -82,7 +82,7 @@ class Node:
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
         self._held_elsewhere: dict[str, str] | None = None  # seat -> node, while the start adds modules
-        self._bundles_tg: Any = None
+        self._bundles_tg: anyio.abc.TaskGroup | None = None
         self._stop = anyio.Event()
         self._ready = anyio.Event()
         self._started = time.monotonic()
@@ -178,12 +178,13 @@ class Node:
         """Serve a module; a module already served is upgraded in place, its calls ridden over."""
         module = placement.loaded.module
         old = self.table.modules.get(module.name)
-        bundles = [self._bundle(placement, spec) for spec in module.tools_bundles()]
+        bundles = [self._runner(placement, spec) for spec in module.tools_bundles()]
         entry = ModuleEntry(module.name, module.version, bundles)
         if old is not None:
             self._release_seats(old)
         self.table.modules[module.name] = entry
         self.sources[module.name] = str(placement.loaded.root)
+        assert self._bundles_tg is not None, "add_module is called while the node serves"
         for bundle in bundles:
             self._bundles_tg.start_soon(bundle.run)  # children start while the seats are looked at
         if claim_seats:
@@ -212,82 +213,19 @@ class Node:
             module.name, module.version, len(entry.bundles), entry.seats or "none",
         )
 
-    def _bundle(self, placement: Placement, spec: Any) -> Bundle:
-        module = placement.loaded.module
-        bundle_dir = placement.dirs[spec.name]
-        data_dir = self.state_dir / "data" / module.name
-        data_dir.mkdir(parents=True, exist_ok=True)
+    def _runner(self, placement: Placement, spec: BundleManifest) -> BundleRunner:
+        folder = data_dir(self.state_dir, placement.loaded.module.name)
+        folder.mkdir(parents=True, exist_ok=True)
         if self.config.child_user:
             # Children run as another user: their data folder is theirs, nothing else of the node's.
-            shutil.chown(data_dir, self.config.child_user, self.config.child_group)
-        built_first = placement.from_source and spec.language not in RUN_FROM_SOURCE
-        try:
-            argv = resolve_argv(spec.entry, bundle_dir)
-        except Exception as e:
-            # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
-            if not built_first:  # a bundle built first finds its entry in the build
-                log.error("bundle %s/%s: %s", module.name, spec.name, e)
-            argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
-        env = child_env(
-            node=self.name,
-            module=module.name,
-            bundle=spec.name,
-            bundle_dir=bundle_dir,
-            data_dir=data_dir,
-            manifest_env=spec.env,
-            pass_env=spec.pass_env,
-            build_env=placement.build_env.get(spec.name),
-        )
-        env[MARKER_VAR] = self.run_id
-        if self.config.child_user:
-            import pwd
-
-            pw = pwd.getpwnam(self.config.child_user)
-            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
-        child = ChildSpec(
-            argv=argv, cwd=str(bundle_dir), env=env, user=self.config.child_user, group=self.config.child_group
-        )
-        prepare = None
-        if built_first:
-            prepare = self._builder(placement.loaded, spec, child)
-        return Bundle(
-            BundleSpec(
-                module=module.name,
-                name=spec.name,
-                language=spec.language,
-                child=child,
-                timeout_ms=spec.timeout_ms,
-                max_in_flight=spec.max_in_flight,
-                restart=self.config.restart.policy(),
-                health=self.config.health.policy(),
-                prepare=prepare,
-            ),
-            on_tools=self._tools_changed,
-            reaper=self.reaper,
-        )
+            shutil.chown(folder, self.config.child_user, self.config.child_group)
+        spec = runner_spec(placement, spec, self.config, self.run_id)
+        return BundleRunner(spec, on_tools=self._tools_changed, reaper=self.reaper)
 
     def _release_seats(self, entry: ModuleEntry) -> None:
         for seat in entry.seats:
             self.table.seat_holders.pop(seat, None)
             self.seats.pop(seat, None)
-
-    def _builder(self, loaded: LoadedModule, spec: Any, child: ChildSpec) -> Callable[[], Awaitable[ChildSpec]]:
-        """Compiled code served from source is built by its toolchain into the state folder first."""
-        target = self.state_dir / "from-source" / loaded.module.name / spec.name
-
-        async def prepare() -> ChildSpec:
-            from .source import build_from_source
-
-            build_env = await build_from_source(loaded, spec, target)
-            env = dict(child.env)
-            for k, v in build_env.items():
-                env[k] = v.replace("{bundle_dir}", str(target))
-            env["MESH_BUNDLE_DIR"] = str(target)
-            return ChildSpec(
-                argv=resolve_argv(spec.entry, target), cwd=str(target), env=env, user=child.user, group=child.group
-            )
-
-        return prepare
 
     async def remove_module(self, name: str) -> None:
         entry = self.table.modules.get(name)
@@ -356,7 +294,7 @@ class Node:
         else:
             self.delivery_problems[module] = problem
 
-    def _tools_changed(self, bundle: Bundle) -> None:
+    def _tools_changed(self, bundle: BundleRunner) -> None:
         self.table.rebuild()
 
     # --- subscriptions --------------------------------------------------------------------

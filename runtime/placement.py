@@ -6,10 +6,20 @@ bus) hand the node a `Placement`; the node turns each of its tools bundles into 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from manifests import LoadedModule, ManifestError, find_modules, load_module
+from launcher.bundle import RunnerSpec
+from launcher.env import EntryNotFound, child_env, resolve_argv
+from launcher.process import ChildSpec
+from launcher.reaper import MARKER_VAR
+from manifests import BundleManifest, LoadedModule, ManifestError, find_modules, load_module
+
+from .config import NodeConfig
+from .source import preparer
+
+log = logging.getLogger("mesh.node")
 
 
 # Languages a node runs straight from their source folder; the others are built first.
@@ -29,6 +39,53 @@ class Placement:
 
 def from_source(loaded: LoadedModule) -> Placement:
     return Placement(loaded, {b.name: loaded.source_dir(b) for b in loaded.module.bundle}, from_source=True)
+
+
+def data_dir(state_dir: Path | str, module: str) -> Path:
+    """A module's own folder of data, shared by its bundles: <state>/data/<module>."""
+    return Path(state_dir) / "data" / module
+
+
+def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, run_id: str) -> RunnerSpec:
+    """How the node runs one tools bundle of a placement: its child, timeouts and policies.
+
+    `config` is the node's, finished (name and state folder set); `run_id` marks every child of
+    this run of the node, so the reaper finds what a child leaves behind.
+    """
+    module = placement.loaded.module
+    bundle_dir = placement.dirs[spec.name]
+    built_first = placement.from_source and spec.language not in RUN_FROM_SOURCE
+    try:
+        argv = resolve_argv(spec.entry, bundle_dir)
+    except EntryNotFound as e:
+        # Keep the unresolved path: the start fails, is retried and ends `failed`, named.
+        if not built_first:  # a bundle built first finds its entry in the build
+            log.error("bundle %s/%s: %s", module.name, spec.name, e)
+        argv = [str(bundle_dir / spec.entry[0]), *spec.entry[1:]]
+    env = child_env(
+        node=config.name,
+        module=module.name,
+        bundle=spec.name,
+        bundle_dir=bundle_dir,
+        data_dir=data_dir(config.state_dir, module.name),
+        manifest_env=spec.env,
+        pass_env=spec.pass_env,
+        build_env=placement.build_env.get(spec.name),
+        child_user=config.child_user,
+    )
+    env[MARKER_VAR] = run_id
+    child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
+    return RunnerSpec(
+        module=module.name,
+        name=spec.name,
+        language=spec.language,
+        child=child,
+        timeout_ms=spec.timeout_ms,
+        max_in_flight=spec.max_in_flight,
+        restart=config.restart,
+        health=config.health,
+        prepare=preparer(placement.loaded, spec, config.state_dir, child) if built_first else None,
+    )
 
 
 def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from launcher.bundle import Bundle
+from launcher.bundle import BundleRunner
 from launcher.session import Tool
 
 from .errors import NoSuchTool, Unavailable
@@ -47,7 +47,7 @@ class Route:
         "num_requests", "num_errors", "last_error", "processing_ns",
     )
 
-    def __init__(self, subject: str, kind: str, module: str, tool: Tool, bundle: Bundle) -> None:
+    def __init__(self, subject: str, kind: str, module: str, tool: Tool, bundle: BundleRunner) -> None:
         self.subject, self.kind, self.module, self.bundle = subject, kind, module, bundle
         self.tool = tool.name
         self.tool_json = _encode(tool.name)
@@ -70,7 +70,7 @@ class Route:
 class ModuleEntry:
     name: str
     version: str
-    bundles: list[Bundle]
+    bundles: list[BundleRunner]
     seats: list[str] = field(default_factory=list)  # seats this module holds on this node
 
 
@@ -110,7 +110,7 @@ class RouteTable:
             return route
         raise self.why_not(subject)
 
-    def starting(self, subject: str) -> list[Bundle]:
+    def starting(self, subject: str) -> list[BundleRunner]:
         """Bundles still starting that might serve this subject once they list their tools."""
         module = None
         if subject.startswith(TOOL_PREFIX):

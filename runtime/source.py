@@ -1,5 +1,7 @@
 """Compiled bundles served from source: built by their toolchain into the node's state folder.
 
+One build for the node's tools bundles and `meshctl node units`' service bundles.
+
 A build is kept with a digest of everything it was made from (the module folder and, inside
 this checkout, the language's SDK); the next start with the same sources reuses it, so a node
 restart does not pay for a TypeScript or Rust build again.
@@ -13,12 +15,16 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Awaitable, Callable
 
 import anyio
 import msgspec
 
+from launcher.env import resolve_argv
+from launcher.process import ChildSpec
+from manifests import BundleManifest
 from manifests import LoadedModule
+from toolchains.build import find_repo_root, stage_bundle
 
 log = logging.getLogger("mesh.source")
 
@@ -62,8 +68,6 @@ def source_digest(folders: list[Path], files: list[tuple[Path, str, os.stat_resu
 
 
 def _inputs(loaded: LoadedModule, language: str) -> list[Path]:
-    from toolchains.build import find_repo_root
-
     folders = [loaded.root]
     repo = find_repo_root(loaded.root)
     if repo is not None and (repo / "sdk" / language).is_dir():
@@ -71,9 +75,20 @@ def _inputs(loaded: LoadedModule, language: str) -> list[Path]:
     return folders
 
 
-def _build(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
-    from toolchains.build import stage_bundle
+def build_dir(state_dir: Path | str, module: str, bundle: str) -> Path:
+    """Where a bundle served from source is built: <state>/from-source/<module>/<bundle>."""
+    return Path(state_dir).absolute() / "from-source" / module / bundle
 
+
+def build_from_source(
+    loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, progress: Callable[[str], None] = log.info
+) -> tuple[Path, dict[str, str]]:
+    """Build (or reuse) one bundle of a module served from source: its folder and the toolchain's env.
+
+    Blocking; the node runs it in a worker thread. Staged beside the target, then renamed into
+    place, so a failed build leaves the last good one as it was.
+    """
+    target = build_dir(state_dir, loaded.module.name, spec.name)
     stamp_path = target.with_name(target.name + ".source.json")
     folders = _inputs(loaded, spec.language)
     files = _files(folders)
@@ -86,25 +101,37 @@ def _build(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
             stamp = None
     if stamp is not None and stamp.listing == listing:
         log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
-        return stamp.env
+        return target, stamp.env
     digest = source_digest(folders, files)
     if stamp is not None and stamp.digest == digest:
         stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, stamp.env, listing)))
         log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
-        return stamp.env
+        return target, stamp.env
     log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
     work = target.with_name(target.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    output = stage_bundle(loaded, spec, work, progress=lambda line: log.info("%s", line))
+    output = stage_bundle(loaded, spec, work, progress=progress)
     stamp_path.unlink(missing_ok=True)
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)
     env = dict(output.env)
     stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, env, listing)))
-    return env
+    return target, env
 
 
-async def build_from_source(loaded: LoadedModule, spec: Any, target: Path) -> dict[str, str]:
-    """The toolchain's build env of the bundle, built (or reused) in `target`."""
-    return await anyio.to_thread.run_sync(_build, loaded, spec, target)
+def preparer(
+    loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, child: ChildSpec
+) -> Callable[[], Awaitable[ChildSpec]]:
+    """A runner's `prepare`: build the bundle first, then run `child` from the build's folder."""
+
+    async def prepare() -> ChildSpec:
+        target, build_env = await anyio.to_thread.run_sync(build_from_source, loaded, spec, state_dir)
+        env = dict(child.env)
+        for k, v in build_env.items():
+            env[k] = v.replace("{bundle_dir}", str(target))
+        env["MESH_BUNDLE_DIR"] = str(target)
+        argv = resolve_argv(spec.entry, target)
+        return ChildSpec(argv=argv, cwd=str(target), env=env, user=child.user, group=child.group)
+
+    return prepare

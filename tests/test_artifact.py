@@ -22,7 +22,7 @@ import pytest
 from toolchains import build as build_mod
 from toolchains.artifact import (
     ArtifactRefused,
-    BundleMeta,
+    ArtifactMeta,
     PackRefused,
     encode_meta,
     pack,
@@ -32,7 +32,7 @@ from toolchains.artifact import (
 from toolchains.base import BuildOutput
 from toolchains.build import UnknownToolchain, build_module
 
-META = BundleMeta(
+META = ArtifactMeta(
     module="hello", bundle="tools", version="0.1.0", kind="tools", language="c", entry=["bin/hello"],
     env={"DATA": "{bundle_dir}/share"}, os="linux", arch="amd64",
 )
@@ -101,7 +101,7 @@ def test_pack_without_platform_names_no_os_arch(tmp_path: Path) -> None:
     stage = tmp_path / "s"
     stage.mkdir()
     (stage / "main.py").write_text("print(1)\n")
-    meta = BundleMeta(module="m", bundle="b", version="1.2.3", kind="tools", language="python", entry=["python", "main.py"])
+    meta = ArtifactMeta(module="m", bundle="b", version="1.2.3", kind="tools", language="python", entry=["python", "main.py"])
     assert pack(stage, meta, tmp_path / "o").name == "m-b-1.2.3.tar.gz"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mesh import MESHCTL, RAW_CHILD, ROOT, call, client, status, wait_state
-from toolchains.artifact import BundleMeta, pack
+from toolchains.artifact import ArtifactMeta, pack
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def raw_artifact(out: Path, module: str, version: str, *, seats: list[str] | Non
     )
     for seat in seats or []:
         manifest += f'\n[[seat]]\nname = "{seat}"\n'
-    meta = BundleMeta(module=module, bundle="tools", version=version, kind="tools", language="python",
+    meta = ArtifactMeta(module=module, bundle="tools", version=version, kind="tools", language="python",
                       entry=["python", "raw_child.py"], manifest=manifest)
     return pack(stage, meta, out)
 

@@ -20,7 +20,7 @@ from runtime.placement import from_source
 from runtime.meshctl.units import (
     NODE_UNIT,
     UnitError,
-    build_from_source,
+    build_services,
     environment_line,
     exec_line,
     node_unit,
@@ -255,7 +255,7 @@ def test_a_compiled_service_is_built_from_source_into_the_state_folder(tmp_path:
     (tmp_path / "sdk").mkdir()
     (tmp_path / "sdk" / "c").symlink_to(REPO / "sdk" / "c")
     try:
-        placement = build_from_source(from_source(load_module(module)), state, progress=lambda _: None)
+        placement = build_services(from_source(load_module(module)), state, progress=lambda _: None)
     except ToolchainMissing as e:  # reported as a failure, never skipped: CI installs it
         pytest.fail(f"{e} (run scripts/setup-c.sh)")
     target = state / "from-source" / "csvc" / "daemon"
@@ -278,24 +278,20 @@ def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
 
 
 def test_meshctl_node_units_writes_the_units_of_a_manifests_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from argparse import Namespace
-
-    from runtime.meshctl.units import cmd_node_unit, cmd_node_units
+    from runtime.meshctl.cli import main
 
     manifests = tmp_path / "modules"
     service_module(manifests)
     out, state = tmp_path / "units", tmp_path / "state"
-    args = Namespace(config=None, manifests=str(manifests), name="node-a", state_dir=str(state), user=None, out=str(out))
-    assert cmd_node_units(args) == 0
+    common = ["--name", "node-a", "--state-dir", str(state), "--out", str(out)]
+    assert main(["node", "units", "--manifests", str(manifests), *common]) == 0
     assert "wrote" in capsys.readouterr().out
-    unit = Namespace(config=None, manifests=str(manifests), name="node-a", state_dir=str(state), user=None, out=str(out), meshctl=None)
-    assert cmd_node_unit(unit) == 0
+    assert main(["node", "unit", "--manifests", str(manifests), *common]) == 0
     assert sorted(p.name for p in out.iterdir()) == [NODE_UNIT, "mesh-svc-daemon.service"]
     assert f"--manifests {manifests} --name node-a --state-dir {state}" in (out / NODE_UNIT).read_text()
     verify(*sorted(out.iterdir()))
     # A missing modules folder is one clear line, not a traceback.
-    args.manifests = None
-    assert cmd_node_units(args) == 1
+    assert main(["node", "units", *common]) == 1
     assert capsys.readouterr().err.startswith("meshctl: which modules?")
 
 

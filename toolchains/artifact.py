@@ -35,7 +35,7 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1024 * 1024
 
 
-class BundleMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class ArtifactMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """`bundle.json`: what the bundle is and a hash of every file in it."""
 
     format: int = FORMAT
@@ -132,7 +132,7 @@ def _clean_entry(entry0: str) -> str:
     return "/".join(p for p in entry0.split("/") if p not in ("", "."))
 
 
-def _meta_problem(meta: BundleMeta) -> str | None:
+def _meta_problem(meta: ArtifactMeta) -> str | None:
     """Why `meta` is not a sound bundle.json, or None. Checked before any member is trusted."""
     if meta.format != FORMAT:
         return f"bundle.json has format {meta.format}; this version reads format {FORMAT}"
@@ -177,7 +177,7 @@ def _meta_problem(meta: BundleMeta) -> str | None:
     return _entry_problem(meta)
 
 
-def _entry_problem(meta: BundleMeta) -> str | None:
+def _entry_problem(meta: ArtifactMeta) -> str | None:
     entry0 = meta.entry[0]
     if entry0 in INTERPRETERS:
         return None
@@ -203,13 +203,13 @@ def _parents(path: str) -> Iterator[str]:
         yield "/".join(parts[:i])
 
 
-def artifact_name(meta: BundleMeta) -> str:
+def artifact_name(meta: ArtifactMeta) -> str:
     """`<module>-<bundle>-<version>[-<os>-<arch>].tar.gz`."""
     platform = f"-{meta.os}-{meta.arch}" if meta.os is not None else ""
     return f"{meta.module}-{meta.bundle}-{meta.version}{platform}.tar.gz"
 
 
-def encode_meta(meta: BundleMeta) -> bytes:
+def encode_meta(meta: ArtifactMeta) -> bytes:
     """The canonical bytes of bundle.json: sorted keys, no whitespace, a final newline."""
     return msgspec.json.encode(meta, order="sorted") + b"\n"
 
@@ -218,7 +218,7 @@ def encode_meta(meta: BundleMeta) -> bytes:
 # Packing
 
 
-def pack(stage_dir: Path, meta: BundleMeta, out_dir: Path) -> Path:
+def pack(stage_dir: Path, meta: ArtifactMeta, out_dir: Path) -> Path:
     """Write the artifact of `stage_dir` into `out_dir` and return its path.
 
     `meta` is everything but files, links and exec, which are taken from the stage. The bytes depend
@@ -342,7 +342,7 @@ def _sha256_file(path: Path) -> str:
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
 
-def read_meta(artifact_path: Path) -> BundleMeta:
+def read_meta(artifact_path: Path) -> ArtifactMeta:
     """Read and check bundle.json only (the first member); the files are not verified."""
     artifact_path = Path(artifact_path)
     try:
@@ -362,7 +362,7 @@ def _open_stream(artifact_path: Path) -> tarfile.TarFile:
         raise ArtifactRefused(artifact_path, "it is a folder; an artifact is a .tar.gz file") from None
 
 
-def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> BundleMeta:
+def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta:
     first = tar.next()
     if first is None:
         raise ArtifactRefused(artifact_path, f"the archive is empty; it must start with {META_NAME}")
@@ -386,7 +386,7 @@ def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> BundleMeta:
             artifact_path, f"{META_NAME} has format {raw.get('format')!r}; this version reads format {FORMAT}"
         )
     try:
-        meta = msgspec.convert(raw, BundleMeta)
+        meta = msgspec.convert(raw, ArtifactMeta)
     except msgspec.ValidationError as e:
         raise ArtifactRefused(artifact_path, f"{META_NAME} is invalid: {e}") from None
     if why := _meta_problem(meta):
@@ -394,7 +394,7 @@ def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> BundleMeta:
     return meta
 
 
-def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> BundleMeta:
+def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> ArtifactMeta:
     """Check every member against bundle.json and unpack into `dest_dir`, or refuse and touch nothing.
 
     The archive is unpacked into a fresh folder beside `dest_dir` and renamed into place only when
@@ -418,7 +418,7 @@ def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> BundleMeta:
     return meta
 
 
-def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: BundleMeta, work: Path) -> None:
+def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: ArtifactMeta, work: Path) -> None:
     def refuse(reason: str) -> ArtifactRefused:
         return ArtifactRefused(artifact_path, reason)
 

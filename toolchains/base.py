@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from manifests import Bundle, LoadedModule
+from manifests import BundleManifest, LoadedModule
 
 
 class ToolchainMissing(Exception):
@@ -34,7 +34,7 @@ class BuildFailed(Exception):
 @dataclass(frozen=True)
 class BuildContext:
     module: LoadedModule
-    bundle: Bundle
+    bundle: BundleManifest
     source_dir: Path  # the bundle's own code (resolved `source`)
     stage_dir: Path  # empty folder; what is put here is the bundle
     cache_dir: Path  # kept between builds (compiler caches); never packed

@@ -16,9 +16,9 @@ import tomllib
 from pathlib import Path
 from typing import Callable
 
-from manifests import Bundle, LoadedModule, load_module
+from manifests import BundleManifest, LoadedModule, load_module
 
-from .artifact import INTERPRETERS, BundleMeta, pack, read_meta
+from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
 from .base import BuildContext, BuildOutput, Toolchain
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
@@ -35,7 +35,7 @@ class UnknownToolchain(BuildError):
 
 
 class EntryMissing(BuildError):
-    def __init__(self, module: str, bundle: Bundle, reason: str) -> None:
+    def __init__(self, module: str, bundle: BundleManifest, reason: str) -> None:
         self.module, self.bundle = module, bundle.name
         super().__init__(
             f"bundle {module}/{bundle.name}: entry {bundle.entry!r} {reason}; the entry is argv relative "
@@ -108,7 +108,7 @@ def build_module(
 
 def _build_bundle(
     loaded: LoadedModule,
-    bundle: Bundle,
+    bundle: BundleManifest,
     toolchain: Toolchain,
     out_dir: Path,
     cache_dir: Path,
@@ -122,7 +122,7 @@ def _build_bundle(
     with tempfile.TemporaryDirectory(prefix=f"mesh-stage-{module.name}-{bundle.name}-") as stage:
         stage_dir = Path(stage)
         output = _stage(loaded, bundle, toolchain, stage_dir, cache_dir, repo_root, progress)
-        meta = BundleMeta(
+        meta = ArtifactMeta(
             module=module.name,
             bundle=bundle.name,
             version=module.version,
@@ -145,7 +145,7 @@ def _build_bundle(
 
 def stage_bundle(
     loaded: LoadedModule,
-    bundle: Bundle,
+    bundle: BundleManifest,
     stage_dir: Path,
     *,
     cache_dir: Path | None = None,
@@ -160,7 +160,7 @@ def stage_bundle(
 
 def _stage(
     loaded: LoadedModule,
-    bundle: Bundle,
+    bundle: BundleManifest,
     toolchain: Toolchain,
     stage_dir: Path,
     cache_dir: Path,
@@ -185,7 +185,7 @@ def _stage(
     return output
 
 
-def _check_entry(module: str, bundle: Bundle, stage_dir: Path) -> None:
+def _check_entry(module: str, bundle: BundleManifest, stage_dir: Path) -> None:
     """The entry must be runnable from the stage; a toolchain bug or a manifest typo shows here."""
     entry0 = bundle.entry[0]
     if entry0 in INTERPRETERS:

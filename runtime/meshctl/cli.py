@@ -20,71 +20,36 @@ import anyio
 import msgspec
 from nats.aio.client import Client
 
-from runtime.bus import BusError, BusInfo, connect, read_bus_info
-from runtime.config import ConfigError, NatsConfig, default_state_dir, finish, load_config
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from manifests import ManifestError
+from manifests.check import RUNTIME_IMAGES, check_path
+from runtime.bus import BusError, connect
+from runtime.config import NatsConfig, finish
+from runtime.delivery import DeliveryError
 from runtime.errors import HEADER_CODE, HEADER_TEXT
+from runtime.meshctl.deliver import deliver, remove
+from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
+from runtime.meshctl.smoke import run_smoke
+from runtime.meshctl.units import (
+    NODE_UNIT,
+    SYSTEM_STATE_DIR,
+    UnitError,
+    build_services,
+    default_meshctl,
+    node_unit,
+    service_units,
+    write_node_unit,
+)
+from runtime.node import Node
+from runtime.placement import load_placements
+from runtime.service import collect_infos
+from toolchains.artifact import ArtifactError
+from toolchains.base import BuildFailed, ToolchainMissing
+from toolchains.build import BuildError, build_module, find_repo_root
 
 log = logging.getLogger("mesh.cli")
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = 2) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-# --- bus options shared by every verb that talks to the bus ------------------------------
-def _bus_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("bus")
-    g.add_argument("--nats", metavar="URL", help="NATS server URL(s), comma-separated; default: the local node's bus")
-    g.add_argument("--state-dir", metavar="DIR", help=f"the local node's state folder (default {default_state_dir()})")
-    g.add_argument("--user", help="NATS user")
-    g.add_argument("--password", help="NATS password (or MESH_NATS_PASSWORD)")
-    g.add_argument("--token", help="NATS token (or MESH_NATS_TOKEN)")
-    g.add_argument("--creds", metavar="FILE", help="NATS credentials file")
-    g.add_argument("--nkey", metavar="FILE", help="NATS nkey seed file")
-    g.add_argument("--tls-ca", metavar="FILE", help="CA certificate for TLS")
-    g.add_argument("--tls-cert", metavar="FILE", help="client certificate for TLS")
-    g.add_argument("--tls-key", metavar="FILE", help="client key for TLS")
-
-
-def _nats_config(args: argparse.Namespace, base: NatsConfig | None = None) -> NatsConfig:
-    cfg = base or NatsConfig()
-    changes: dict[str, Any] = {}
-    for field, value in (
-        ("url", args.nats),
-        ("user", args.user),
-        ("password", args.password or os.environ.get("MESH_NATS_PASSWORD")),
-        ("token", args.token or os.environ.get("MESH_NATS_TOKEN")),
-        ("creds", args.creds),
-        ("nkey_seed", args.nkey),
-        ("tls_ca", args.tls_ca),
-        ("tls_cert", args.tls_cert),
-        ("tls_key", args.tls_key),
-    ):
-        if value:
-            changes[field] = value
-    return msgspec.structs.replace(cfg, **changes)
-
-
-def _local_bus(args: argparse.Namespace) -> BusInfo | None:
-    state = Path(args.state_dir) if args.state_dir else default_state_dir()
-    return read_bus_info(state)
-
-
-def _client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
-    """The bus to talk to, and the local node's name when it was found from its state folder."""
-    cfg = _nats_config(args)
-    if cfg.url:
-        return cfg, None
-    info = _local_bus(args)
-    if info is None:
-        state = args.state_dir or default_state_dir()
-        raise CliError(
-            f"no local node found (no running node's bus.json in {state}); start one with `meshctl node run` "
-            "or name the bus with --nats URL"
-        )
-    return msgspec.structs.replace(cfg, url=info.url), info.node
 
 
 @contextlib.asynccontextmanager
@@ -101,8 +66,6 @@ async def _bus(cfg: NatsConfig) -> AsyncIterator[Client]:
 
 
 async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Any:
-    from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
-
     async with _bus(cfg) as nc:
         try:
             return await nc.request(subject, body, timeout=timeout)
@@ -114,24 +77,7 @@ async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -
 
 # --- node run -------------------------------------------------------------------------
 def cmd_node_run(args: argparse.Namespace) -> int:
-    from runtime.node import Node
-    from runtime.placement import load_placements
-
-    try:
-        config = load_config(args.config)
-    except ConfigError as e:
-        raise CliError(str(e))
-    changes: dict[str, Any] = {}
-    if args.name:
-        changes["name"] = args.name
-    if args.state_dir:
-        changes["state_dir"] = args.state_dir
-    if args.manifests:
-        changes["manifests"] = args.manifests
-    config = msgspec.structs.replace(config, nats=_nats_config(args, config.nats), **changes)
-    if args.embedded_port is not None:
-        config = msgspec.structs.replace(config, nats=msgspec.structs.replace(config.nats, embedded_port=args.embedded_port))
-    config = finish(config)
+    config = finish(node_config(args))
     _setup_logging(args.log_level)
     node = Node(config)
     placements = []
@@ -192,7 +138,7 @@ def _node_name(args: argparse.Namespace, found: str | None) -> str:
 
 
 def cmd_node_status(args: argparse.Namespace) -> int:
-    cfg, found = _client_config(args)
+    cfg, found = client_config(args)
     name = _node_name(args, found)
     msg = anyio.run(_request, cfg, f"mesh.node.{name}.status", b"", args.timeout)
     status = json.loads(msg.data)
@@ -215,7 +161,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
 
 
 def cmd_node_restart(args: argparse.Namespace) -> int:
-    cfg, found = _client_config(args)
+    cfg, found = client_config(args)
     name = _node_name(args, found)
     msg = anyio.run(_request, cfg, f"mesh.node.{name}.restart", json.dumps({"bundle": args.bundle}).encode(), args.timeout)
     reply = json.loads(msg.data)
@@ -224,6 +170,49 @@ def cmd_node_restart(args: argparse.Namespace) -> int:
         return 1
     print(f"restarting {reply['bundle']} on node {name} (was {reply['was']})")
     return 0
+
+
+# --- node unit(s): systemd units (runtime/meshctl/units.py) ------------------------------------
+def cmd_node_unit(args: argparse.Namespace) -> int:
+    """`meshctl node unit`: print mesh-node.service, or write it into --out."""
+    config = node_config(args)
+    text = node_unit(
+        meshctl=os.path.abspath(args.meshctl) if args.meshctl else default_meshctl(),
+        config=args.config,
+        name=config.name or None,  # none: the host name, picked when the unit runs
+        state_dir=config.state_dir or SYSTEM_STATE_DIR,
+        user=args.user,
+        # A manifests folder the config file already names is not repeated on the command line.
+        manifests=args.manifests,
+    )
+    if args.out:
+        path = write_node_unit(args.out, text)
+        print(f"wrote {path}; enable it with: systemctl daemon-reload && systemctl enable --now {NODE_UNIT}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_node_units(args: argparse.Namespace) -> int:
+    """`meshctl node units`: a unit per service bundle of the modules under --manifests."""
+    config = node_config(args)
+    if not config.manifests:
+        raise CliError("which modules? name their folder with --manifests DIR (or `manifests` in --config)", code=1)
+    state = config.state_dir or SYSTEM_STATE_DIR
+    node = finish(config).name  # the host name when none is given, as `node run` would pick
+    placements, problems = load_placements(Path(config.manifests))
+    for problem in problems:
+        print(f"meshctl: module not loaded: {problem}", file=sys.stderr)
+    built = [build_services(p, state, progress=lambda line: print(line, file=sys.stderr)) for p in placements]
+    paths = service_units(built, node=node, state_dir=state, out_dir=args.out, user=args.user)
+    for path in paths:
+        print(f"wrote {path}")
+    if paths:
+        names = " ".join(p.name for p in paths)
+        print(f"enable them with: systemctl daemon-reload && systemctl enable --now {names}")
+    else:
+        print(f"no bundle of kind service under {config.manifests}: no unit written")
+    return 1 if problems else 0
 
 
 # --- call and tools -----------------------------------------------------------------------
@@ -240,7 +229,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     body = (args.arguments if args.arguments is not None else "{}").encode()
     if args.arguments == "-":
         body = sys.stdin.buffer.read()
-    cfg, _ = _client_config(args)
+    cfg, _ = client_config(args)
     msg = anyio.run(_request, cfg, subject, body, args.timeout)
     headers = msg.headers or {}
     if HEADER_CODE in headers:
@@ -261,14 +250,12 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:
-    from runtime.service import collect_infos
-
     async with _bus(cfg) as nc:
         return await collect_infos(nc, wait)
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    cfg, _ = _client_config(args)
+    cfg, _ = client_config(args)
     infos = anyio.run(_infos, cfg, args.wait)
     rows = [("SUBJECT", "KIND", "MODULE", "BUNDLE", "NODE")]
     seen: list[tuple[str, ...]] = []
@@ -287,8 +274,6 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 # --- module check, bundle build -----------------------------------------------------------
 def cmd_module_check(args: argparse.Namespace) -> int:
-    from manifests.check import RUNTIME_IMAGES, check_path
-
     images = RUNTIME_IMAGES + tuple(args.runtime_image or ())
     failed = 0
     for path in args.paths:
@@ -303,30 +288,14 @@ def cmd_module_check(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_build(args: argparse.Namespace) -> int:
-    from manifests import ManifestError
-    from toolchains.artifact import ArtifactError
-    from toolchains.base import BuildFailed, ToolchainMissing
-    from toolchains.build import BuildError, build_module
-
     out = Path(args.out)
-    try:
-        for module_dir in args.modules:
-            build_module(Path(module_dir), out, progress=lambda line: print(line, flush=True))
-    except ManifestError as e:
-        for p in e.problems:
-            print(p, file=sys.stderr)
-        return 1
-    except (ToolchainMissing, BuildFailed, ArtifactError, BuildError) as e:
-        print(f"meshctl: {e}", file=sys.stderr)
-        return 1
+    for module_dir in args.modules:
+        build_module(Path(module_dir), out, progress=lambda line: print(line, flush=True))
     return 0
 
 
 def cmd_bundle_deliver(args: argparse.Namespace) -> int:
-    from runtime.delivery import DeliveryError
-    from runtime.meshctl.deliver import deliver
-
-    cfg, found = _client_config(args)
+    cfg, found = client_config(args)
     node = args.node or found
     if not node:
         raise CliError("which node? name it with --node NAME")
@@ -337,30 +306,21 @@ def cmd_bundle_deliver(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with _bus(cfg) as nc:
-            try:
-                await deliver(nc, paths, node, args.seat, progress=lambda line: print(line, flush=True))
-            except DeliveryError as e:
-                raise CliError(str(e), code=1)
+            await deliver(nc, paths, node, args.seat, progress=lambda line: print(line, flush=True))
 
     anyio.run(run)
     return 0
 
 
 def cmd_bundle_remove(args: argparse.Namespace) -> int:
-    from runtime.delivery import DeliveryError
-    from runtime.meshctl.deliver import remove
-
-    cfg, found = _client_config(args)
+    cfg, found = client_config(args)
     node = args.node or found
     if not node:
         raise CliError("which node? name it with --node NAME")
 
     async def run() -> None:
         async with _bus(cfg) as nc:
-            try:
-                membership = await remove(nc, args.modules, node)
-            except DeliveryError as e:
-                raise CliError(str(e), code=1)
+            membership = await remove(nc, args.modules, node)
         print(f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}")
 
     anyio.run(run)
@@ -368,10 +328,6 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from toolchains.build import find_repo_root
-
-    from runtime.meshctl.smoke import run_smoke
-
     bundles = Path(args.bundles) if args.bundles else None
     if bundles is None:
         root = find_repo_root(Path.cwd()) or find_repo_root(Path(__file__).resolve().parent)
@@ -390,34 +346,30 @@ def _table(rows: list[tuple[str, ...]]) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshctl", description="The mesh node tool runtime.")
+    bus = bus_options()
     verbs = p.add_subparsers(dest="verb", required=True)
 
     node = verbs.add_parser("node", help="run a node, ask it for status, restart a bundle")
     node_verbs = node.add_subparsers(dest="node_verb", required=True)
-    run = node_verbs.add_parser("run", help="run the node (on the embedded bus unless --nats is given)")
+    run = node_verbs.add_parser("run", help="run the node (on the embedded bus unless --nats is given)", parents=[bus])
     run.add_argument("--config", metavar="FILE", help="the node's TOML config file")
     run.add_argument("--manifests", metavar="DIR", help="serve every module folder under DIR, from source")
     run.add_argument("--name", help="the node's name (default: the host name)")
     run.add_argument("--embedded-port", type=int, help="port of the embedded NATS server (default 4222, or a free one)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    _bus_options(run)
     run.set_defaults(func=cmd_node_run)
 
-    status = node_verbs.add_parser("status", help="bundles, states, pids, restarts, tools, last errors")
+    status = node_verbs.add_parser("status", help="bundles, states, pids, restarts, tools, last errors", parents=[bus])
     status.add_argument("--json", action="store_true")
     status.add_argument("--name", help="the node (default: the local one)")
     status.add_argument("--timeout", type=float, default=5.0)
-    _bus_options(status)
     status.set_defaults(func=cmd_node_status)
 
-    restart = node_verbs.add_parser("restart", help="restart a bundle (and bring back a failed one)")
+    restart = node_verbs.add_parser("restart", help="restart a bundle (and bring back a failed one)", parents=[bus])
     restart.add_argument("bundle", help="module/bundle, or the module when it has one tools bundle")
     restart.add_argument("--name", help="the node (default: the local one)")
     restart.add_argument("--timeout", type=float, default=5.0)
-    _bus_options(restart)
     restart.set_defaults(func=cmd_node_restart)
-
-    from runtime.meshctl.units import SYSTEM_STATE_DIR, cmd_node_unit, cmd_node_units
 
     unit = node_verbs.add_parser("unit", help="the node's own systemd unit (mesh-node.service)")
     unit.add_argument("--config", metavar="FILE", help="the node's TOML config file, passed on to `node run`")
@@ -438,18 +390,16 @@ def parser() -> argparse.ArgumentParser:
     units.add_argument("--user", help="run the services as this user (default root)")
     units.set_defaults(func=cmd_node_units)
 
-    call = verbs.add_parser("call", help="call a tool: tool.<module>.<tool> or seat.<seat>.<verb>")
+    call = verbs.add_parser("call", help="call a tool: tool.<module>.<tool> or seat.<seat>.<verb>", parents=[bus])
     call.add_argument("target")
     call.add_argument("arguments", nargs="?", help="the arguments as a JSON object ('-' reads stdin)")
     call.add_argument("--json", action="store_true", help="print the CallToolResult as JSON")
     call.add_argument("--timeout", type=float, default=60.0)
-    _bus_options(call)
     call.set_defaults(func=cmd_call)
 
-    tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)")
+    tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)", parents=[bus])
     tools.add_argument("--json", action="store_true")
     tools.add_argument("--wait", type=float, default=0.5, help="how long to collect answers, seconds")
-    _bus_options(tools)
     tools.set_defaults(func=cmd_tools)
 
     module = verbs.add_parser("module", help="check module manifests")
@@ -466,16 +416,14 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("modules", nargs="+", metavar="MODULE_DIR")
     build.add_argument("--out", default="out", help="where the .tar.gz artifacts go (default ./out)")
     build.set_defaults(func=cmd_bundle_build)
-    deliver = bundle_verbs.add_parser("deliver", help="put artifacts on the bus and make a node a member of their modules")
+    deliver = bundle_verbs.add_parser("deliver", help="put artifacts on the bus and make a node a member of their modules", parents=[bus])
     deliver.add_argument("artifacts", nargs="+", metavar="ARTIFACT")
     deliver.add_argument("--node", help="the node that runs them (default: the local one)")
     deliver.add_argument("--seat", action="append", help="hold only these seats (default: every seat the module declares)")
-    _bus_options(deliver)
     deliver.set_defaults(func=cmd_bundle_deliver)
-    remove = bundle_verbs.add_parser("remove", help="end a node's membership of modules: it stops their bundles")
+    remove = bundle_verbs.add_parser("remove", help="end a node's membership of modules: it stops their bundles", parents=[bus])
     remove.add_argument("modules", nargs="+", metavar="MODULE")
     remove.add_argument("--node", help="the node (default: the local one)")
-    _bus_options(remove)
     remove.set_defaults(func=cmd_bundle_remove)
     smoke = verbs.add_parser("smoke", help="build, deliver and call every hello-<language> bundle on a fresh local node")
     smoke.add_argument("--bundles", metavar="DIR", help="where the hello-* modules are (default: this checkout's bundles/)")
@@ -492,6 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"meshctl: {e}", file=sys.stderr)
         return e.code
+    except ManifestError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except (UnitError, DeliveryError, ToolchainMissing, BuildFailed, BuildError, ArtifactError) as e:
+        print(f"meshctl: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

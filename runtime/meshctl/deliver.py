@@ -14,8 +14,8 @@ import msgspec
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from runtime.delivery import BundleRef, DeliveryError, Membership, ModuleRef, buckets, node_key
-from toolchains.artifact import ArtifactError, BundleMeta, read_meta
+from runtime.delivery import ArtifactRef, DeliveryError, Membership, ModuleRef, buckets, node_key
+from toolchains.artifact import ArtifactError, ArtifactMeta, read_meta
 
 
 def _sha256(path: Path) -> str:
@@ -57,7 +57,7 @@ async def deliver(
 ) -> Membership:
     """Upload artifacts and set the node's membership: the artifacts' modules at their versions."""
     obs, kv = await buckets(nc)
-    modules: dict[str, tuple[BundleMeta, dict[str, BundleRef]]] = {}
+    modules: dict[str, tuple[ArtifactMeta, dict[str, ArtifactRef]]] = {}
     for path in artifacts:
         try:
             meta = read_meta(path)
@@ -74,7 +74,7 @@ async def deliver(
         first, refs = modules.setdefault(meta.module, (meta, {}))
         if first.version != meta.version:
             raise DeliveryError(f"{path}: module {meta.module} is given at versions {first.version} and {meta.version}")
-        refs[meta.bundle] = BundleRef(object=name, sha256=digest, language=meta.language, kind=meta.kind)
+        refs[meta.bundle] = ArtifactRef(object=name, sha256=digest, language=meta.language, kind=meta.kind)
 
     def change(m: Membership) -> None:
         for module, (meta, refs) in modules.items():
@@ -108,7 +108,7 @@ async def remove(nc: Client, modules: list[str], node: str) -> Membership:
     return membership
 
 
-def _declared_seats(meta: BundleMeta) -> list[str]:
+def _declared_seats(meta: ArtifactMeta) -> list[str]:
     try:
         data = tomllib.loads(meta.manifest) if meta.manifest else {}
     except tomllib.TOMLDecodeError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -20,17 +21,21 @@ from pathlib import Path
 
 import msgspec
 
-from manifests import load_module
+from nats.aio.client import Client
 
-from runtime.bus import read_bus_info
+from manifests import load_module
+from runtime.bus import connect, read_bus_info
 from runtime.config import NatsConfig
+from runtime.meshctl.deliver import deliver
+from toolchains.base import BuildFailed, ToolchainMissing
+from toolchains.build import build_module
 
 
 def _print(line: str) -> None:
     print(line, flush=True)
 
 
-async def _call_until(nc, subject: str, args: bytes, deadline: float) -> tuple[bytes | None, str]:
+async def _call_until(nc: Client, subject: str, args: bytes, deadline: float) -> tuple[bytes | None, str]:
     last = "no answer"
     while time.monotonic() < deadline:
         try:
@@ -50,9 +55,6 @@ async def _call_until(nc, subject: str, args: bytes, deadline: float) -> tuple[b
 
 
 def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
-    from toolchains.base import BuildFailed, ToolchainMissing
-    from toolchains.build import build_module
-
     modules = sorted(p for p in bundles_dir.glob("hello-*") if (p / "module.toml").is_file())
     if not modules:
         _print(f"smoke: no hello-* modules under {bundles_dir}")
@@ -87,18 +89,13 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
             except subprocess.TimeoutExpired:
                 node.kill()
         if not keep and not failures:
-            import shutil
-
             shutil.rmtree(work, ignore_errors=True)
         else:
             _print(f"smoke: kept {work}")
 
 
-async def _deliver_and_call(node, node_name: str, state: Path, modules: list[Path], artifacts: dict[str, list[Path]],
+async def _deliver_and_call(node: subprocess.Popen[bytes], node_name: str, state: Path, modules: list[Path], artifacts: dict[str, list[Path]],
                             failures: dict[str, str], timeout: float) -> int:
-    from runtime.bus import connect
-    from runtime.meshctl.deliver import deliver
-
     deadline = time.monotonic() + 30
     info = None
     while time.monotonic() < deadline and info is None:

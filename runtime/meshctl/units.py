@@ -14,19 +14,18 @@ a variable. The quoting helpers below are the one place that knows this.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from manifests.model import ENV_NAME_RE
 
-if TYPE_CHECKING:  # the node module pulls in NATS; a unit writer only needs the data class
-    from runtime.placement import Placement
+from runtime.placement import RUN_FROM_SOURCE, Placement
+from runtime.source import build_from_source
 
 NODE_UNIT = "mesh-node.service"
 # Where a node run by systemd keeps its state: /var/lib/<StateDirectory>, created by systemd.
@@ -233,7 +232,7 @@ def resolve_entry(module: str, bundle: str, entry: Sequence[str], bundle_dir: Pa
     if not program.is_file() or not os.access(program, os.X_OK):
         raise UnitError(
             f"bundle {module}/{bundle}: entry {first!r} is not an executable file in {bundle_dir}; "
-            "build the bundle first (a compiled bundle from source is built with build_from_source)"
+            "build the bundle first (`meshctl node units` builds compiled bundles served from source)"
         )
     return [str(program), *rest]
 
@@ -256,7 +255,7 @@ def service_unit(
     argv = resolve_entry(module.name, spec.name, spec.entry, bundle_dir)
     env: dict[str, str] = {}
     # The same order as the launcher: what the build asks for, then the manifest, then MESH_*.
-    for key, value in (getattr(placement, "build_env", {}) or {}).get(spec.name, {}).items():
+    for key, value in placement.build_env.get(spec.name, {}).items():
         env[key] = value.replace("{bundle_dir}", str(bundle_dir))
     env.update(spec.env)
     env.update(
@@ -365,103 +364,13 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def build_from_source(
-    placement: Placement, state_dir: Path | str, progress: Callable[[str], None] = print
-) -> Placement:
-    """Build the compiled service bundles of a module served from source, as the node does for
-    its tools bundles: into <state>/from-source/<module>/<bundle>. Python runs from its source."""
-    from toolchains.build import stage_bundle
-
-    from runtime.placement import RUN_FROM_SOURCE
-
-    loaded = placement.loaded
+def build_services(placement: Placement, state_dir: Path | str, progress: Callable[[str], None] = print) -> Placement:
+    """The placement with its compiled service bundles built, as the node builds its tools bundles
+    (runtime/source.py, reused when the sources are unchanged). Python runs from its source."""
     dirs = dict(placement.dirs)
     build_env = dict(placement.build_env)
-    for spec in loaded.module.bundle:
+    for spec in placement.loaded.module.bundle:
         if spec.kind != "service" or spec.language in RUN_FROM_SOURCE:
             continue
-        target = Path(state_dir).absolute() / "from-source" / loaded.module.name / spec.name
-        work = target.with_name(target.name + ".building")
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        output = stage_bundle(loaded, spec, work, progress=progress)
-        shutil.rmtree(target, ignore_errors=True)
-        work.rename(target)
-        dirs[spec.name] = target
-        build_env[spec.name] = dict(output.env)
+        dirs[spec.name], build_env[spec.name] = build_from_source(placement.loaded, spec, state_dir, progress)
     return replace(placement, dirs=dirs, build_env=build_env)
-
-
-# --- meshctl verbs (wired into runtime/meshctl/cli.py) ---------------------------------------------
-def _settings(args: argparse.Namespace) -> tuple[str | None, str | None, str, str | None]:
-    """(config file, node name, state folder, manifests folder) from flags over the config file."""
-    from runtime.config import ConfigError, load_config
-
-    try:
-        config = load_config(args.config)
-    except ConfigError as e:
-        raise UnitError(str(e)) from None
-    name = args.name or config.name or None
-    state = args.state_dir or config.state_dir or SYSTEM_STATE_DIR
-    manifests = args.manifests or config.manifests
-    return args.config, name, state, manifests
-
-
-def cmd_node_unit(args: argparse.Namespace) -> int:
-    """`meshctl node unit`: print mesh-node.service, or write it into --out."""
-    try:
-        config, name, state, _ = _settings(args)
-        text = node_unit(
-            meshctl=os.path.abspath(args.meshctl) if args.meshctl else default_meshctl(),
-            config=config,
-            name=name,
-            state_dir=state,
-            user=args.user,
-            # A manifests folder the config file already names is not repeated on the command line.
-            manifests=args.manifests,
-        )
-        if args.out:
-            path = write_node_unit(args.out, text)
-            print(f"wrote {path}; enable it with: systemctl daemon-reload && systemctl enable --now {NODE_UNIT}")
-        else:
-            sys.stdout.write(text)
-    except UnitError as e:
-        print(f"meshctl: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def cmd_node_units(args: argparse.Namespace) -> int:
-    """`meshctl node units`: a unit per service bundle of the modules under --manifests."""
-    from manifests import ManifestError
-    from toolchains.base import BuildFailed, ToolchainMissing
-    from toolchains.build import BuildError
-
-    from runtime.config import finish, load_config
-    from runtime.placement import load_placements
-
-    try:
-        _, name, state, manifests = _settings(args)
-        if not manifests:
-            raise UnitError("which modules? name their folder with --manifests DIR (or `manifests` in --config)")
-        node = name or finish(load_config(None)).name  # the host name, as `node run` would pick
-        placements, problems = load_placements(Path(manifests))
-        for problem in problems:
-            print(f"meshctl: module not loaded: {problem}", file=sys.stderr)
-        built = [build_from_source(p, state, progress=lambda line: print(line, file=sys.stderr)) for p in placements]
-        paths = service_units(built, node=node, state_dir=state, out_dir=args.out, user=args.user)
-    except (UnitError, ToolchainMissing, BuildFailed, BuildError) as e:
-        print(f"meshctl: {e}", file=sys.stderr)
-        return 1
-    except ManifestError as e:
-        for p in e.problems:
-            print(p, file=sys.stderr)
-        return 1
-    for path in paths:
-        print(f"wrote {path}")
-    if paths:
-        names = " ".join(p.name for p in paths)
-        print(f"enable them with: systemctl daemon-reload && systemctl enable --now {names}")
-    else:
-        print(f"no bundle of kind service under {manifests}: no unit written")
-    return 1 if problems else 0
