@@ -154,15 +154,14 @@ class Session:
     def _answer_child_request(self, msg: Incoming) -> None:
         # A child may ping us or ask for things a tool runtime does not offer (sampling, roots).
         if msg.method == "ping":
-            self._send({"jsonrpc": "2.0", "id": msg.id, "result": {}})
+            answer: dict[str, Any] = {"jsonrpc": "2.0", "id": msg.id, "result": {}}
         else:
-            self._send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": msg.id,
-                    "error": {"code": -32601, "message": f"the mesh node does not offer {msg.method}"},
-                }
-            )
+            error = {"code": -32601, "message": f"the mesh node does not offer {msg.method}"}
+            answer = {"jsonrpc": "2.0", "id": msg.id, "error": error}
+        try:
+            self._send(answer)
+        except SessionClosed:
+            pass  # the child asked and left: nobody to answer
 
     def close(self, error: Exception) -> None:
         """Fail every call in flight at once: the child is gone, nobody waits for a timeout."""
@@ -174,7 +173,11 @@ class Session:
 
     # --- outgoing -------------------------------------------------------------------------
     def _send(self, message: dict[str, Any]) -> None:
-        self._write(_encode(message) + b"\n")
+        try:
+            self._write(_encode(message) + b"\n")
+        except (BrokenPipeError, ConnectionError, RuntimeError) as e:
+            # The child went away between two lines: the same error as a request's write.
+            raise SessionClosed(self.name, f"cannot write to the child: {e}") from e
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         msg: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
@@ -220,7 +223,7 @@ class Session:
     def _cancel_in_child(self, rid: int, reason: str) -> None:
         try:
             self.notify("notifications/cancelled", {"requestId": rid, "reason": reason})
-        except (BrokenPipeError, ConnectionError, RuntimeError):
+        except SessionClosed:
             pass
 
     async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> msgspec.Raw:

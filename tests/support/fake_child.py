@@ -1,0 +1,173 @@
+"""A child in the same process: speaks MCP on the lines a runner writes, exits when its script says.
+
+For the in-process tests of the launcher's state machine and the dispatcher: no fork, no
+interpreter start, so a test of restarts, backoff and failure takes milliseconds. The real
+child (launcher.process.ChildProcess) has its own end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from launcher import bundle as bundle_module
+from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerSpec
+from launcher.process import ChildSpec
+
+_pids = itertools.count(40_000)
+
+
+@dataclass
+class Behaviour:
+    """What one started child does. Children are started in the order of the script."""
+
+    handshake: bool = True  # answers initialize and tools/list
+    exit_after: float | None = None  # exits (code 1) this long after it started
+    tools: tuple[str, ...] = ("greet",)
+    stderr: str = ""  # a line written on stderr before anything else
+    unstartable: bool = False  # spawn fails as exec would (no such file)
+    answer: Callable[[str, dict[str, Any]], Any] | None = None  # tools/call -> result, or None: no answer
+
+
+def echo(tool: str, arguments: dict[str, Any]) -> Any:
+    return {"content": [{"type": "text", "text": f"{tool}: {json.dumps(arguments, sort_keys=True)}"}]}
+
+
+@dataclass
+class Script:
+    children: list[Behaviour] = field(default_factory=list)
+    default: Behaviour = field(default_factory=lambda: Behaviour(answer=echo))
+    started: list["FakeChild"] = field(default_factory=list)
+
+    def next(self) -> Behaviour:
+        return self.children.pop(0) if self.children else self.default
+
+
+class FakeChild:
+    script: Script
+
+    def __init__(self, behaviour: Behaviour, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.behaviour = behaviour
+        self.pid = next(_pids)
+        self.on_stdout, self.on_stderr = on_stdout, on_stderr
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.stderr_closed: asyncio.Future[None] = loop.create_future()
+        self.stderr_closed.set_result(None)
+        self.last_output = loop.time()
+        self.broken_reason: str | None = None
+        self.received: list[dict[str, Any]] = []
+        self._loop = loop
+        if behaviour.stderr:
+            on_stderr(behaviour.stderr.encode())
+        if behaviour.exit_after is not None:
+            loop.call_later(behaviour.exit_after, self.exit, 1)
+
+    @classmethod
+    async def spawn(cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> "FakeChild":
+        behaviour = cls.script.next()
+        if behaviour.unstartable:
+            raise FileNotFoundError(2, "No such file or directory", spec.argv[0])
+        child = cls(behaviour, on_stdout, on_stderr)
+        cls.script.started.append(child)
+        return child
+
+    # --- what the runner and its session call ------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self.exited.done():
+            raise BrokenPipeError("the child's stdin is closed")
+        for line in data.splitlines():
+            message = json.loads(line)
+            self.received.append(message)
+            self._loop.call_soon(self._answer, message)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self.exited)
+
+    @property
+    def running(self) -> bool:
+        return not self.exited.done()
+
+    def close_stdin(self) -> None:
+        self.exit(0)
+
+    async def stop(self, grace: float = 2.0) -> int:
+        self.exit(0)
+        return await self.wait()
+
+    def kill(self) -> None:
+        self.exit(-9)
+
+    def close(self) -> None:
+        pass
+
+    # --- the child's side ------------------------------------------------------------------------
+    def exit(self, status: int) -> None:
+        if not self.exited.done():
+            self.exited.set_result(status)
+
+    def _reply(self, rid: Any, result: Any) -> None:
+        if self.running:
+            self.last_output = self._loop.time()
+            self.on_stdout(json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode())
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        method, rid = message.get("method"), message.get("id")
+        if rid is None:
+            return  # a notification
+        b = self.behaviour
+        if method == "initialize" and b.handshake:
+            self._reply(rid, {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                              "serverInfo": {"name": "fake", "version": "0"}})
+        elif method == "tools/list" and b.handshake:
+            self._reply(rid, {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in b.tools]})
+        elif method == "ping":
+            self._reply(rid, {})
+        elif method == "tools/call" and b.answer is not None:
+            result = b.answer(message["params"]["name"], message["params"]["arguments"])
+            if isinstance(result, Exception):
+                self.on_stdout(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": result.args[0],
+                                                                                  "message": result.args[1]}}).encode())
+            elif result is not None:
+                self._reply(rid, result)
+
+
+FAST_RESTART = RestartPolicy(max_restarts=3, window_s=30, backoff_initial_s=0.02, backoff_max_s=0.05, stable_after_s=0.3)
+FAST_HEALTH = HealthPolicy(init_timeout_s=0.3, ping_interval_s=30, ping_timeout_s=1, ping_misses=2, stop_grace_s=0.1)
+
+
+def runner_spec(timeout_ms: int = 2000, max_in_flight: int = 8, restart: RestartPolicy = FAST_RESTART) -> RunnerSpec:
+    child = ChildSpec(argv=["fake"], cwd="/", env={})
+    return RunnerSpec(module="m", name="tools", language="python", child=child, timeout_ms=timeout_ms,
+                      max_in_flight=max_in_flight, restart=restart, health=FAST_HEALTH)
+
+
+class RecordingRunner(BundleRunner):
+    """A runner that keeps every state it went through, in order."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        self.states: list[str] = []
+        super().__init__(*args, **kw)
+
+    def _set_state(self, state: str) -> None:
+        self.states.append(state)
+        super()._set_state(state)
+
+    async def reach(self, state: str, timeout: float = 2.0) -> None:
+        async with asyncio.timeout(timeout):
+            while self.state != state:
+                await asyncio.sleep(0.002)
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> Script:
+    """The children the launcher starts in this test, in order; every one is a FakeChild."""
+    s = Script()
+    monkeypatch.setattr(FakeChild, "script", s, raising=False)
+    monkeypatch.setattr(bundle_module, "ChildProcess", FakeChild)
+    return s
