@@ -124,7 +124,7 @@ class _Slots:
         try:
             await asyncio.wait_for(fut, timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             if not fut.done() or fut.cancelled():
@@ -148,7 +148,7 @@ class BundleRunner:
     def __init__(
         self,
         spec: RunnerSpec,
-        on_tools: Callable[["BundleRunner"], None] = lambda b: None,
+        on_tools: Callable[[BundleRunner], None] = lambda b: None,
         reaper: Reaper | None = None,
     ) -> None:
         self.spec = spec
@@ -178,7 +178,7 @@ class BundleRunner:
         self.finished = asyncio.Event()  # run() has ended: its child is gone
 
     # --- calls ----------------------------------------------------------------------------
-    def begin(self, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending | None":
+    def begin(self, tool_json: bytes, arguments: bytes, deadline: float) -> Pending | None:
         """The fast path: when ready with a free slot, write the call now; None: use begin_when_ready().
 
         `deadline` is on the event loop's clock: the moment the caller stops waiting.
@@ -188,7 +188,7 @@ class BundleRunner:
             return None
         return self._write_call(session, tool_json, arguments, deadline)
 
-    async def begin_when_ready(self, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending":
+    async def begin_when_ready(self, tool_json: bytes, arguments: bytes, deadline: float) -> Pending:
         """Write a call once the bundle is ready and a slot is free, riding over a start; by `deadline`.
 
         BundleUnavailable at once when the bundle is down, CallTimedOut when the deadline passes first.
@@ -201,7 +201,7 @@ class BundleRunner:
             raise CallTimedOut(self.key, tool_json.decode(), self.spec.timeout_ms)
         return self._write_call(session, tool_json, arguments, deadline)
 
-    def _write_call(self, session: Session, tool_json: bytes, arguments: bytes, deadline: float) -> "Pending":
+    def _write_call(self, session: Session, tool_json: bytes, arguments: bytes, deadline: float) -> Pending:
         # The slot is held; whatever goes wrong here frees it again.
         self.calls += 1
         try:
@@ -213,7 +213,7 @@ class BundleRunner:
             self._slots.release()
             raise
 
-    async def finish(self, pending: "Pending") -> msgspec.Raw:
+    async def finish(self, pending: Pending) -> msgspec.Raw:
         """The answer to a call begun with begin(); frees its slot whatever happens."""
         try:
             return await pending.session.result(pending.call)
@@ -232,7 +232,7 @@ class BundleRunner:
                 return
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     async def _wait_ready(self, deadline: float) -> Session:

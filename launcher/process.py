@@ -147,7 +147,7 @@ class _Lines:
 
 
 class _Protocol(asyncio.SubprocessProtocol):
-    def __init__(self, child: "ChildProcess") -> None:
+    def __init__(self, child: ChildProcess) -> None:
         self.child = child
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,7 +159,7 @@ class _Protocol(asyncio.SubprocessProtocol):
         for fd in (1, 2):
             pipe = transport.get_pipe_transport(fd)
             if pipe is not None and hasattr(pipe, "max_size"):
-                pipe.max_size = READ_SIZE  # type: ignore[attr-defined]
+                pipe.max_size = READ_SIZE
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         child = self.child
@@ -217,7 +217,7 @@ class ChildProcess:
         self.broken_reason: str | None = None
 
     @classmethod
-    async def spawn(cls, spec: ChildSpec, on_stdout: LineHandler, on_stderr: LineHandler) -> "ChildProcess":
+    async def spawn(cls, spec: ChildSpec, on_stdout: LineHandler, on_stderr: LineHandler) -> ChildProcess:
         loop = asyncio.get_running_loop()
         child = cls(on_stdout, on_stderr, spec)
         group, extra_groups = _identity(spec.user, spec.group)
@@ -297,7 +297,7 @@ class ChildProcess:
             try:
                 await asyncio.wait_for(asyncio.shield(self.exited), grace)
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.signal_group(sig)
         status = await self.wait()
         # The leader is gone; whatever it left in its group goes too.

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 
-
 MARKER_VAR = "MESH_RUN"
 
 
@@ -90,7 +89,7 @@ class Reaper:
             proc.stdin.close()
         try:
             await asyncio.wait_for(proc.wait(), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
         self._proc = None

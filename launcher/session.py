@@ -47,7 +47,7 @@ class Call:
 
     __slots__ = ("rid", "fut", "timer")
 
-    def __init__(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", timer: asyncio.TimerHandle) -> None:
+    def __init__(self, rid: int, fut: asyncio.Future[msgspec.Raw], timer: asyncio.TimerHandle) -> None:
         self.rid, self.fut, self.timer = rid, fut, timer
 
 
@@ -199,10 +199,10 @@ class Session:
             raise SessionClosed(self.name, f"cannot write to the child: {e}") from e
         return rid, fut
 
-    def _arm(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", deadline: float, what: str, timeout_ms: int) -> "Call":
+    def _arm(self, rid: int, fut: asyncio.Future[msgspec.Raw], deadline: float, what: str, timeout_ms: int) -> Call:
         return Call(rid, fut, self._loop.call_at(deadline, self._expire, rid, fut, what, timeout_ms))
 
-    async def result(self, call: "Call") -> msgspec.Raw:
+    async def result(self, call: Call) -> msgspec.Raw:
         """The answer to a call begun with `begin_tool_call`."""
         try:
             return await call.fut
@@ -214,7 +214,7 @@ class Session:
         finally:
             call.timer.cancel()
 
-    def _expire(self, rid: int, fut: "asyncio.Future[msgspec.Raw]", what: str, timeout_ms: int) -> None:
+    def _expire(self, rid: int, fut: asyncio.Future[msgspec.Raw], what: str, timeout_ms: int) -> None:
         if self._pending.pop(rid, None) is None or fut.done():
             return
         self._cancel_in_child(rid, f"timed out after {timeout_ms} ms")
@@ -232,7 +232,7 @@ class Session:
         rid, fut = self._start(head, tail)
         return await self.result(self._arm(rid, fut, self._loop.time() + timeout, method, int(timeout * 1000)))
 
-    def begin_tool_call(self, tool: bytes, arguments: bytes, deadline: float, timeout_ms: int) -> "Call":
+    def begin_tool_call(self, tool: bytes, arguments: bytes, deadline: float, timeout_ms: int) -> Call:
         """Write a `tools/call` now; `tool` is the JSON-encoded name, `arguments` a JSON object as sent.
 
         Not a coroutine: the request is on its way to the child before the caller's task is

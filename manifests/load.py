@@ -67,24 +67,24 @@ def load_module(path: Path | str) -> LoadedModule:
     try:
         raw = file.read_bytes()
     except FileNotFoundError:
-        raise ManifestError([Problem(shown, "-", f"no such file; a module folder holds a {MANIFEST_NAME}")])
+        raise ManifestError([Problem(shown, "-", f"no such file; a module folder holds a {MANIFEST_NAME}")]) from None
     except OSError as e:
-        raise ManifestError([Problem(shown, "-", f"cannot be read: {e.strerror}")])
+        raise ManifestError([Problem(shown, "-", f"cannot be read: {e.strerror}")]) from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ManifestError([Problem(shown, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")])
+        raise ManifestError([Problem(shown, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")]) from None
     except tomllib.TOMLDecodeError as e:
-        raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")])
+        raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")]) from None
     except RecursionError:  # tomllib recurses per nested array or table; a manifest never nests this deep
-        raise ManifestError([Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")])
+        raise ManifestError([Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")]) from None
     problems = _Validator(shown, file.parent.resolve()).module(data)
     if problems:
         raise ManifestError(problems)
     try:
         module = msgspec.convert(data, Module)
     except msgspec.ValidationError as e:  # the validator should have caught it; keep the promise anyway
-        raise ManifestError([Problem(shown, "-", str(e))])
+        raise ManifestError([Problem(shown, "-", str(e))]) from None
     return LoadedModule(module=module, path=file, root=file.parent.resolve())
 
 
@@ -125,14 +125,14 @@ class _Validator:
                     self.add(f"bundle[{i}].name", f"\"{name}\" is used twice; bundle names are unique in a module")
                 seen.add(name)
         seats = self.table_list(data, "seat")
-        seen = set()
+        seen = set[str]()
         for i, s in enumerate(seats):
             self.known_keys(f"seat[{i}]", s, Seat)
             name = s.get("name")
             if self.name(f"seat[{i}].name", name, SEAT_NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"memory\""):
                 if name in seen:
                     self.add(f"seat[{i}].name", f"\"{name}\" is declared twice")
-                seen.add(name)
+                seen.add(str(name))
             if "stateless" in s and not isinstance(s["stateless"], bool):
                 self.add(f"seat[{i}].stateless", f"is {_shown(s['stateless'])}; write true or false")
         for i, a in enumerate(self.table_list(data, "artifact")):

@@ -124,7 +124,7 @@ class EmbeddedServer:
         proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(proc.wait(), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
 

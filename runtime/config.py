@@ -88,13 +88,13 @@ def load_config(path: str | Path | None) -> NodeConfig:
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file")
+            raise ConfigError(f"{path}: no such config file") from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}")
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
         try:
             config = msgspec.convert(data, NodeConfig)
         except msgspec.ValidationError as e:
-            raise ConfigError(f"{path}: {e}")
+            raise ConfigError(f"{path}: {e}") from None
     return config
 
 

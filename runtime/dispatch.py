@@ -165,13 +165,13 @@ class Dispatcher:
             data.decode("utf-8")  # msgspec.Raw does not look inside strings; a child must get UTF-8
             args = _check_object(data)
         except UnicodeDecodeError as e:
-            raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object")
+            raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object") from None
         except RecursionError:
-            raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object")
+            raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object") from None
         except msgspec.ValidationError:
-            raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}")
+            raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}") from None
         except msgspec.DecodeError as e:
-            raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object")
+            raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object") from None
         if route.checker is not None and (problem := route.checker.problem(args)) is not None:
             raise BadRequest(subject, problem[1], field=problem[0])
         return data

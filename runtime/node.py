@@ -219,8 +219,7 @@ class Node:
         if self.config.child_user:
             # Children run as another user: their data folder is theirs, nothing else of the node's.
             shutil.chown(folder, self.config.child_user, self.config.child_group)
-        spec = runner_spec(placement, spec, self.config, self.run_id)
-        return BundleRunner(spec, on_tools=self._tools_changed, reaper=self.reaper)
+        return BundleRunner(runner_spec(placement, spec, self.config, self.run_id), on_tools=self._tools_changed, reaper=self.reaper)
 
     def _release_seats(self, entry: ModuleEntry) -> None:
         for seat in entry.seats:
@@ -285,7 +284,7 @@ class Node:
                 continue
             meta = info.get("metadata") or {}
             for seat in filter(None, (meta.get("seats") or "").split(",")):
-                held.setdefault(seat, meta.get("node") or info.get("id"))
+                held.setdefault(seat, str(meta.get("node") or info.get("id")))
         return held
 
     def _delivery_report(self, module: str, problem: str | None) -> None:

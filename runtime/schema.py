@@ -47,14 +47,14 @@ class ArgumentsChecker:
                 wanted = "/".join(self.types.get(name, ())) or "a value"
                 return name, f"the required argument {name!r} is missing; give it as {wanted}"
         for name, raw in args.items():
-            wanted = self.types.get(name)
-            if wanted is None:
+            types = self.types.get(name)
+            if types is None:
                 if self.closed and name not in self.known:
                     return name, f"unknown argument {name!r}; this tool takes {', '.join(sorted(self.known)) or 'none'}"
                 continue
             actual = _json_type(raw)
-            if not any(_matches(actual, w) for w in wanted):
-                return name, f"argument {name!r} is {'an' if actual[0] in 'aeiou' else 'a'} {actual}; it must be {' or '.join(wanted)}"
+            if not any(_matches(actual, w) for w in types):
+                return name, f"argument {name!r} is {'an' if actual[0] in 'aeiou' else 'a'} {actual}; it must be {' or '.join(types)}"
         return None
 
 

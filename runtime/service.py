@@ -73,7 +73,7 @@ class Service:
         self._endpoints = endpoints
         self._metadata = metadata
         self._subs: list[Subscription] = []
-        self.started = dt.datetime.now(dt.timezone.utc)
+        self.started = dt.datetime.now(dt.UTC)
 
     async def start(self) -> None:
         for verb, handler in (("PING", self._ping), ("INFO", self._info), ("STATS", self._stats)):

@@ -22,8 +22,7 @@ import msgspec
 
 from launcher.env import resolve_argv
 from launcher.process import ChildSpec
-from manifests import BundleManifest
-from manifests import LoadedModule
+from manifests import BundleManifest, LoadedModule
 from toolchains.build import find_repo_root, stage_bundle
 
 log = logging.getLogger("mesh.source")

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite: slow and cross-language tests included. A test whose
-# toolchain is missing says so in the summary (-rs), it is never skipped in silence.
+# Set up, check lint, format and types (configured in pyproject.toml), then run the whole test
+# suite: slow and cross-language tests included. A test whose toolchain is missing says so in the
+# summary (-rs), it is never skipped in silence.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# Lint, format and types first: seconds, and a finding is cheaper here than in a review.
+echo "test: ruff check, ruff format --check, mypy"
+ruff check .
+ruff format --check .
+mypy
 # One compiler cache for the toolchain tests, the node's from-source builds and the smoke run.
 export MESH_TOOLCHAIN_CACHE="${MESH_TOOLCHAIN_CACHE:-$repo/.cache/toolchains}"
 exec python -m pytest -rs -q "$@"

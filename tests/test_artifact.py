@@ -21,8 +21,8 @@ import pytest
 
 from toolchains import build as build_mod
 from toolchains.artifact import (
-    ArtifactRefused,
     ArtifactMeta,
+    ArtifactRefused,
     PackRefused,
     encode_meta,
     pack,

@@ -42,7 +42,7 @@ def meshctl(*args: str, url: str) -> subprocess.CompletedProcess[str]:
 
 async def wait_call(nc, subject: str, args: dict, ok, timeout: float = 20):
     deadline = time.monotonic() + timeout
-    last = None
+    last: object = None
     while time.monotonic() < deadline:
         try:
             last = await call(nc, subject, args, timeout=5)
@@ -113,8 +113,9 @@ def _tamper(artifact: Path, out: Path) -> Path:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as dst:
         for m in src.getmembers():
-            data = src.extractfile(m).read() if m.isfile() else None
-            if m.name == "raw_child.py":
+            member = src.extractfile(m) if m.isfile() else None
+            data = member.read() if member is not None else None
+            if m.name == "raw_child.py" and data is not None:
                 data = data.replace(b"Echo the arguments", b"Evil the arguments")
                 m.size = len(data)
             dst.addfile(m, io.BytesIO(data) if data is not None else None)

@@ -77,6 +77,8 @@ def test_the_base_manifest_of_the_cases_is_valid(tmp_path: Path) -> None:
 
 # --- 1. the loader: every mistake named by file, field and what would be right -------------------
 # (line to replace in GOOD, its replacement, the field named, texts the message must contain)
+# A table: one case a line, as written.
+# fmt: off
 CASES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "name uppercase": ('name = "hello"', 'name = "Hello"', "name", ("'Hello'", "[a-z][a-z0-9-]{0,62}")),
     "name too long": ('name = "hello"', f'name = "{"a" * 64}"', "name", ("[a-z][a-z0-9-]{0,62}",)),
@@ -148,6 +150,7 @@ CASES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                                     'name = "memory"\n\n[[artifact]]\nkind = "image"\nref = "x"\nbuild = 1',
                                     "artifact[0].build", ("path string",)),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
@@ -408,7 +411,9 @@ def toml_document(data: dict[str, Any]) -> str:
     return "".join(f"{toml_string(k)} = {toml_value(v)}\n" for k, v in data.items())
 
 
-TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+# Strategies laid out as the data they make.
+# fmt: off
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)  # type: ignore[arg-type]
 SCALARS = st.one_of(
     TEXT, st.integers(-(2**63), 2**63 - 1), st.floats(), st.booleans(), st.dates(), st.times(),
 )
@@ -466,13 +471,13 @@ VALID_BUNDLE = st.fixed_dictionaries(
               "timeout_ms": st.integers(1, 24 * 3600 * 1000), "max_in_flight": st.integers(1, 100_000)},
 )
 VALID_MODULE = st.fixed_dictionaries(
-    {"name": st.from_regex(NAME_RE, fullmatch=True), "version": st.sampled_from(["0.1.0", "1", "2.0.0-rc.1+b_7"])},
+    {"name": st.from_regex(NAME_RE, fullmatch=True), "version": st.sampled_from(["0.1.0", "1", "2.0.0-rc.1+b_7"])},  # type: ignore[dict-item]
     optional={
         "description": TEXT,
-        "bundle": st.lists(VALID_BUNDLE, max_size=3, unique_by=lambda b: b["name"]),
+        "bundle": st.lists(VALID_BUNDLE, max_size=3, unique_by=lambda b: b["name"]),  # type: ignore[index]
         "seat": st.lists(st.fixed_dictionaries({"name": st.from_regex(NAME_RE, fullmatch=True)},
                                                optional={"stateless": st.booleans()}),
-                         max_size=3, unique_by=lambda s: s["name"]),
+                         max_size=3, unique_by=lambda s: s["name"]),  # type: ignore[index]
         "artifact": st.lists(st.fixed_dictionaries(
             {"kind": st.sampled_from(["image", "package", "binary"]),
              "ref": st.sampled_from(["docker.io/library/postgres:16", "redis:7", "ghcr.io/acme/tool@sha256:ab"])}),
@@ -483,6 +488,7 @@ VALID_MODULE = st.fixed_dictionaries(
 SPOILABLE = ["name", "version", "description", "bundle", "seat", "artifact", "other", *(
     f"bundle.{f}" for f in ("name", "kind", "language", "source", "entry", "env", "pass_env", "timeout_ms",
                             "max_in_flight", "other"))]
+# fmt: on
 
 
 def spoil(data: dict[str, Any], artifacts: list[dict[str, Any]], field: str | None, value: Any) -> dict[str, Any]:

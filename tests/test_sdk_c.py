@@ -201,7 +201,7 @@ def test_facts_create_the_data_dir_and_eof_exits_zero(stage: Path, tmp_path: Pat
     c.initialize()
     assert data.is_dir() and (data.stat().st_mode & 0o777) == 0o700
     assert c.close() == 0
-    assert b"serving on node n1" in c.proc.stderr.read()
+    assert c.proc.stderr is not None and b"serving on node n1" in c.proc.stderr.read()
 
 
 def test_seat_verb_names_and_tool_registration_rules(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ def _script():
     """scripts/ is not a package: load the script as a module (once; dataclasses need it registered)."""
     if "sdk_sizes" not in sys.modules:
         spec = importlib.util.spec_from_file_location("sdk_sizes", SCRIPT)
+        assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules["sdk_sizes"] = module
         spec.loader.exec_module(module)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from manifests import load_module
-from runtime.placement import from_source
 from runtime.meshctl.units import (
     NODE_UNIT,
     UnitError,
@@ -29,6 +28,7 @@ from runtime.meshctl.units import (
     service_units,
     unit_name,
 )
+from runtime.placement import from_source
 from toolchains.base import ToolchainMissing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,7 +45,8 @@ def verify(*units: Path) -> None:
 
 
 def settings(text: str) -> list[tuple[str, str]]:
-    return [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line and not line.startswith("#")]
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return [(key, value) for key, value in pairs]
 
 
 def service_module(root: Path, *, entry: str = '["python", "service.py", "--port", "8080"]') -> Path:

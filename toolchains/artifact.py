@@ -148,9 +148,9 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
             return f"bundle.json env name {name!r} is not an environment variable name"
     if (meta.os is None) != (meta.arch is None):
         return "bundle.json must give both os and arch, or neither"
-    for field, value in (("os", meta.os), ("arch", meta.arch)):
-        if value is not None and not _PLATFORM_RE.match(value):
-            return f"bundle.json {field} {value!r} is not a platform name such as \"linux\" or \"amd64\""
+    for field, platform in (("os", meta.os), ("arch", meta.arch)):
+        if platform is not None and not _PLATFORM_RE.match(platform):
+            return f"bundle.json {field} {platform!r} is not a platform name such as \"linux\" or \"amd64\""
     for path, digest in meta.files.items():
         if (why := _path_problem(path)) or (why := _reserved(path)):
             return f"bundle.json lists file {path!r}: {why}"

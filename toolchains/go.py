@@ -90,9 +90,9 @@ def _run(ctx: BuildContext, command: list[str], env: dict[str, str]) -> str:
             command, cwd=ctx.source_dir, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
-        raise BuildFailed("go", ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s")
+        raise BuildFailed("go", ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s") from None
     except FileNotFoundError:
-        raise ToolchainMissing("go", "go", INSTALL_HINT)
+        raise ToolchainMissing("go", "go", INSTALL_HINT) from None
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
         raise BuildFailed("go", ctx.bundle.name, command, tail)

@@ -14,12 +14,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import anyio
-import msgspec
 from nats.aio.client import Client
-
+from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -43,7 +42,7 @@ from runtime.meshctl.units import (
     write_node_unit,
 )
 from runtime.node import Node
-from runtime.placement import load_placements
+from runtime.placement import Placement, load_placements
 from runtime.service import collect_infos
 from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
@@ -58,21 +57,21 @@ async def _bus(cfg: NatsConfig) -> AsyncIterator[Client]:
     try:
         nc = await connect(cfg, "meshctl", quiet=True)
     except BusError as e:
-        raise CliError(str(e))
+        raise CliError(str(e)) from None
     try:
         yield nc
     finally:
         await nc.close()
 
 
-async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Any:
+async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -> Msg:
     async with _bus(cfg) as nc:
         try:
             return await nc.request(subject, body, timeout=timeout)
         except NoRespondersError:
-            raise CliError(f"nobody on the bus serves {subject}", code=1)
+            raise CliError(f"nobody on the bus serves {subject}", code=1) from None
         except NatsTimeout:
-            raise CliError(f"no answer on {subject} within {timeout:g} s", code=1)
+            raise CliError(f"no answer on {subject} within {timeout:g} s", code=1) from None
 
 
 # --- node run -------------------------------------------------------------------------
@@ -80,7 +79,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     config = finish(node_config(args))
     _setup_logging(args.log_level)
     node = Node(config)
-    placements = []
+    placements: list[Placement] = []
     if config.manifests:
         placements, problems = load_placements(Path(config.manifests))
         for problem in problems:
@@ -338,7 +337,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 # --- the parser -----------------------------------------------------------------------------
-def _table(rows: list[tuple[str, ...]]) -> None:
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -113,4 +113,4 @@ def _declared_seats(meta: ArtifactMeta) -> list[str]:
         data = tomllib.loads(meta.manifest) if meta.manifest else {}
     except tomllib.TOMLDecodeError:
         return []
-    return [s.get("name") for s in data.get("seat", []) if isinstance(s, dict) and isinstance(s.get("name"), str)]
+    return [s["name"] for s in data.get("seat", []) if isinstance(s, dict) and isinstance(s.get("name"), str)]

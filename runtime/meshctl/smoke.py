@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import msgspec
-
 from nats.aio.client import Client
 
 from manifests import load_module

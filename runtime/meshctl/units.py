@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from manifests.model import ENV_NAME_RE
-
 from runtime.placement import RUN_FROM_SOURCE, Placement
 from runtime.source import build_from_source
 

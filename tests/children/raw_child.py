@@ -224,7 +224,7 @@ def main() -> None:
         elif method == "tools/list":
             send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS + _extra_tools}})
         elif method == "tools/call":
-            name, args = params.get("name"), params.get("arguments") or {}
+            name, args = str(params.get("name") or ""), params.get("arguments") or {}
             if MODE == "noisy":
                 sys.stdout.write("noise on stdout\n")
             if MODE == "garbage":

@@ -71,7 +71,7 @@ class Server:
             )
         return "\n".join(lines) + "\n"
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "server.conf"
         config.write_text(self.config_text())

@@ -42,7 +42,7 @@ class ConfiguredServer:
     def url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self) -> "ConfiguredServer":
+    def start(self) -> ConfiguredServer:
         # -t checks the config first, so a config mistake is named instead of a port that never opens.
         check = subprocess.run([nats_server_binary(), "-c", str(self.config), "-t"], capture_output=True, text=True, timeout=20)
         if check.returncode != 0:
@@ -53,7 +53,7 @@ class ConfiguredServer:
             wait_port(self.port)
         except TimeoutError:
             self.stop()
-            raise AssertionError(f"nats-server did not listen:\n{self.log()}")
+            raise AssertionError(f"nats-server did not listen:\n{self.log()}") from None
         return self
 
     def log(self) -> str:
@@ -193,7 +193,7 @@ def make_tls(folder: Path) -> TlsFiles:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     folder.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

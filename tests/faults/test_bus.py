@@ -106,7 +106,7 @@ async def test_nats_server_restarted_under_load_node_reconnects_and_no_call_is_a
             try:
                 await nc.publish("mesh.tool.alpha.echo", json.dumps({"i": i, "a": attempt}).encode(), reply=subject)
                 await asyncio.wait_for(arrived[subject].wait(), 1.5)
-            except (asyncio.TimeoutError, nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+            except (TimeoutError, nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
                 retries += 1
                 await asyncio.sleep(0.1)
                 continue
@@ -164,7 +164,7 @@ async def test_two_nodes_serving_one_module_one_killed_calls_go_on(tmp_path: Pat
     nc = await client(a.bus_url())
     await wait_state(nc, a.name, "alpha/tools", "ready")
     await wait_state(nc, b.name, "alpha/tools", "ready")
-    served = Counter()
+    served: Counter[str] = Counter()
     for _ in range(40):
         code, r, _ = await _whoami(nc)
         assert code == 200
@@ -216,12 +216,12 @@ async def test_cluster_server_killed_under_a_node_calls_go_on(tmp_path: Path, se
     s2.start()
     s3.start()
     for s in (s1, s2, s3):
-        await wait_for(lambda s=s: len(s.peers()) == 2, f"{s.name} routed to both others", timeout=20)
+        await wait_for(lambda s=s: len(s.peers()) == 2, f"{s.name} routed to both others", timeout=20)  # type: ignore[misc]
     b = node_factory(tmp_path / "b", url=s2.url)
     nc = await client(s3.url)
     a_child = await wait_state(nc, a.name, "alpha/tools", "ready")
     await wait_state(nc, b.name, "alpha/tools", "ready")
-    served = Counter()
+    served: Counter[str] = Counter()
     for _ in range(40):
         code, r, _ = await _whoami(nc, per_try=1.0)
         assert code == 200

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from runtime.dispatch import Dispatcher
 from runtime.errors import HEADER_CODE
 from runtime.routes import ModuleEntry, RouteTable
-from tests.support.fake_child import Behaviour, RecordingRunner, Script, echo, runner_spec
+from tests.support.fake_child import Behaviour, RecordingRunner, Script, runner_spec
 
 
 class Bus:

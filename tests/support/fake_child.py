@@ -42,7 +42,7 @@ def echo(tool: str, arguments: dict[str, Any]) -> Any:
 class Script:
     children: list[Behaviour] = field(default_factory=list)
     default: Behaviour = field(default_factory=lambda: Behaviour(answer=echo))
-    started: list["FakeChild"] = field(default_factory=list)
+    started: list[FakeChild] = field(default_factory=list)
 
     def next(self) -> Behaviour:
         return self.children.pop(0) if self.children else self.default
@@ -69,7 +69,7 @@ class FakeChild:
             loop.call_later(behaviour.exit_after, self.exit, 1)
 
     @classmethod
-    async def spawn(cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> "FakeChild":
+    async def spawn(cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> FakeChild:
         behaviour = cls.script.next()
         if behaviour.unstartable:
             raise FileNotFoundError(2, "No such file or directory", spec.argv[0])

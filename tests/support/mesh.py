@@ -36,7 +36,7 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self) -> "NatsServer":
+    def start(self) -> NatsServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.workdir / "js"), *self.extra]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.log", "ab"))
@@ -47,7 +47,7 @@ class NatsServer:
         stop_process(self.proc)
 
 
-def stop_process(proc: "subprocess.Popen[bytes] | None", grace: float = 5) -> None:
+def stop_process(proc: subprocess.Popen[bytes] | None, grace: float = 5) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds: a server the test started ends with it."""
     if proc and proc.poll() is None:
         proc.terminate()

@@ -34,6 +34,7 @@ class StdioClient:
             msg["params"] = params
         self._send(msg)
         while True:
+            assert self.proc.stdout is not None and self.proc.stderr is not None
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"child closed stdout; stderr: {self.proc.stderr.read().decode(errors='replace')}")
@@ -72,9 +73,14 @@ class StdioClient:
         stdout = self.proc.stdout
         assert stdout is not None
         lines: queue.Queue[bytes] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(stdout.readline()) for _ in range(count)], daemon=True).start()
+
+        def read() -> None:
+            for _ in range(count):
+                lines.put(stdout.readline())
+
+        threading.Thread(target=read, daemon=True).start()
         deadline = time.monotonic() + timeout
-        replies = []
+        replies: list[dict[str, Any]] = []
         for _ in range(count):
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -110,7 +116,7 @@ class StdioClient:
         self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def __enter__(self) -> "StdioClient":
+    def __enter__(self) -> StdioClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
