@@ -293,11 +293,17 @@ def cmd_bundle_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bundle_deliver(args: argparse.Namespace) -> int:
+def _member_node(args: argparse.Namespace) -> tuple[NatsConfig, str]:
+    """The bus, and the node whose membership changes: --node, else the local one."""
     cfg, found = client_config(args)
     node = args.node or found
     if not node:
         raise CliError("which node? name it with --node NAME")
+    return cfg, node
+
+
+def cmd_bundle_deliver(args: argparse.Namespace) -> int:
+    cfg, node = _member_node(args)
     paths = [Path(a) for a in args.artifacts]
     for path in paths:
         if not path.is_file():
@@ -312,10 +318,7 @@ def cmd_bundle_deliver(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle_remove(args: argparse.Namespace) -> int:
-    cfg, found = client_config(args)
-    node = args.node or found
-    if not node:
-        raise CliError("which node? name it with --node NAME")
+    cfg, node = _member_node(args)
 
     async def run() -> None:
         async with _bus(cfg) as nc:
