@@ -244,7 +244,9 @@ class BundleRunner:
 
     def unavailable(self, reason: str = "") -> BundleUnavailable:
         state = self.state if self.state != "ready" else "restarting"
-        return BundleUnavailable(self.key, state, self.last_exit, list(self.stderr_tail), reason or (self.last_error or ""))
+        return BundleUnavailable(
+            self.key, state, self.last_exit, list(self.stderr_tail), reason or (self.last_error or "")
+        )
 
     # --- operator -------------------------------------------------------------------------
     def request_restart(self) -> None:
@@ -318,7 +320,12 @@ class BundleRunner:
                     log.error(
                         "bundle %s failed: %d restarts within %.0f s; last exit: %s; last error: %s; "
                         "it stays down until `meshctl node restart %s`",
-                        self.key, len(self._recent) - 1, policy.window_s, self.last_exit, self.last_error, self.key,
+                        self.key,
+                        len(self._recent) - 1,
+                        policy.window_s,
+                        self.last_exit,
+                        self.last_error,
+                        self.key,
                     )
                     await self._sleep_until_woken(None)
                     continue
@@ -393,7 +400,11 @@ class BundleRunner:
                 self._set_state("ready")
                 ready_at = asyncio.get_running_loop().time()
                 log.info(
-                    "bundle %s ready: pid %d, MCP %s, %d tools", self.key, child.pid, session.protocol_version, len(tools)
+                    "bundle %s ready: pid %d, MCP %s, %d tools",
+                    self.key,
+                    child.pid,
+                    session.protocol_version,
+                    len(tools),
                 )
                 tg.start_soon(self._health, child, session)
                 tg.start_soon(self._relist_tools, session)
@@ -511,7 +522,9 @@ class _LogBudget:
         now = int(time.monotonic())
         if now != self.window:
             if self.dropped:
-                log.warning("[%s] %d stderr lines not logged (more than %d a second)", self.key, self.dropped, self.rate)
+                log.warning(
+                    "[%s] %d stderr lines not logged (more than %d a second)", self.key, self.dropped, self.rate
+                )
             self.window, self.count, self.dropped = now, 0, 0
         self.count += 1
         if self.count > self.rate:

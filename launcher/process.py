@@ -45,7 +45,9 @@ def use_pidfd_child_watcher() -> None:
     """Python 3.11 waits for each child in a thread of its own; a pidfd per child is cheaper."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        if hasattr(asyncio, "PidfdChildWatcher") and not isinstance(asyncio.get_child_watcher(), asyncio.PidfdChildWatcher):
+        if hasattr(asyncio, "PidfdChildWatcher") and not isinstance(
+            asyncio.get_child_watcher(), asyncio.PidfdChildWatcher
+        ):
             try:
                 watcher = asyncio.PidfdChildWatcher()
                 asyncio.set_child_watcher(watcher)
@@ -67,11 +69,12 @@ def _setpriv() -> str | None:
     if found is None:
         return None
     try:
-        ok = subprocess.run([found, "--pdeathsig", "KILL", "--", "true"], capture_output=True, timeout=5).returncode == 0
+        ok = (
+            subprocess.run([found, "--pdeathsig", "KILL", "--", "true"], capture_output=True, timeout=5).returncode == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return found if ok else None
-
 
 
 def _check_runnable(program: str, path: str | None) -> None:

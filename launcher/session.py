@@ -149,7 +149,9 @@ class Session:
         found = _ID_RE.search(line[:4096])
         fut = self._pending.pop(int(found.group(1)), None) if found else None
         if fut is not None and not fut.done():
-            fut.set_exception(ChildError(-32603, "the bundle's answer to this call is not valid JSON-RPC (see the node's log)"))
+            fut.set_exception(
+                ChildError(-32603, "the bundle's answer to this call is not valid JSON-RPC (see the node's log)")
+            )
 
     def _answer_child_request(self, msg: Incoming) -> None:
         # A child may ping us or ask for things a tool runtime does not offer (sampling, roots).

@@ -28,7 +28,7 @@ def _repository(ref: str) -> str:
         ref = ref[: len(ref) - len(last)] + last.split(":", 1)[0]
     for prefix in ("docker.io/library/", "docker.io/"):
         if ref.startswith(prefix):
-            ref = ref[len(prefix):]
+            ref = ref[len(prefix) :]
     return ref
 
 
@@ -52,7 +52,11 @@ def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME
                 context = Path(os.path.normpath(loaded.root / artifact.build))
             if context == loaded.root or loaded.root in context.parents:
                 problems.append(
-                    Problem(file, f"{where}.build", f"the image is built from the module's own folder ({artifact.build!r}); {RULE}")
+                    Problem(
+                        file,
+                        f"{where}.build",
+                        f"the image is built from the module's own folder ({artifact.build!r}); {RULE}",
+                    )
                 )
             else:
                 problems.append(
@@ -68,9 +72,18 @@ def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME
                 problems.append(
                     Problem(file, f"{where}.{field}", f"the image {ref!r} is built on the runtime's own image; {RULE}")
                 )
-        if artifact.build is None and artifact.base is None and artifact.ref and is_runtime_image(artifact.ref, runtime_images):
+        if (
+            artifact.build is None
+            and artifact.base is None
+            and artifact.ref
+            and is_runtime_image(artifact.ref, runtime_images)
+        ):
             problems.append(
-                Problem(file, f"{where}.ref", f"{artifact.ref!r} is the runtime's own image, which carries no module's code; {RULE}")
+                Problem(
+                    file,
+                    f"{where}.ref",
+                    f"{artifact.ref!r} is the runtime's own image, which carries no module's code; {RULE}",
+                )
             )
     return problems
 

@@ -77,7 +77,9 @@ def load_module(path: Path | str) -> LoadedModule:
     except tomllib.TOMLDecodeError as e:
         raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")]) from None
     except RecursionError:  # tomllib recurses per nested array or table; a manifest never nests this deep
-        raise ManifestError([Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")]) from None
+        raise ManifestError(
+            [Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")]
+        ) from None
     problems = _Validator(shown, file.parent.resolve()).module(data)
     if problems:
         raise ManifestError(problems)
@@ -112,26 +114,26 @@ class _Validator:
         for key in data:
             if key not in known:
                 self.add(_key(key), f"unknown field; a module has {', '.join(sorted(known))}")
-        self.name("name", data.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"hello\"")
+        self.name("name", data.get("name"), NAME_RE, '[a-z][a-z0-9-]{0,62}, e.g. "hello"')
         version = data.get("version")
         if not isinstance(version, str) or not version or not set(version) <= VERSION_CHARS:
-            self.add("version", f"is {_shown(version)}; write a version string such as \"0.1.0\"")
+            self.add("version", f'is {_shown(version)}; write a version string such as "0.1.0"')
         bundles = self.table_list(data, "bundle")
         seen: set[str] = set()
         for i, b in enumerate(bundles):
             name = self.bundle(f"bundle[{i}]", b)
             if name is not None:
                 if name in seen:
-                    self.add(f"bundle[{i}].name", f"\"{name}\" is used twice; bundle names are unique in a module")
+                    self.add(f"bundle[{i}].name", f'"{name}" is used twice; bundle names are unique in a module')
                 seen.add(name)
         seats = self.table_list(data, "seat")
         seen = set[str]()
         for i, s in enumerate(seats):
             self.known_keys(f"seat[{i}]", s, Seat)
             name = s.get("name")
-            if self.name(f"seat[{i}].name", name, SEAT_NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"memory\""):
+            if self.name(f"seat[{i}].name", name, SEAT_NAME_RE, '[a-z][a-z0-9-]{0,62}, e.g. "memory"'):
                 if name in seen:
-                    self.add(f"seat[{i}].name", f"\"{name}\" is declared twice")
+                    self.add(f"seat[{i}].name", f'"{name}" is declared twice')
                 seen.add(str(name))
             if "stateless" in s and not isinstance(s["stateless"], bool):
                 self.add(f"seat[{i}].stateless", f"is {_shown(s['stateless'])}; write true or false")
@@ -171,7 +173,7 @@ class _Validator:
 
     def bundle(self, where: str, b: dict[str, Any]) -> str | None:
         self.known_keys(where, b, BundleManifest)
-        ok = self.name(f"{where}.name", b.get("name"), NAME_RE, "[a-z][a-z0-9-]{0,62}, e.g. \"tools\"")
+        ok = self.name(f"{where}.name", b.get("name"), NAME_RE, '[a-z][a-z0-9-]{0,62}, e.g. "tools"')
         kind = b.get("kind")
         if kind not in KINDS:
             self.add(f"{where}.kind", f"is {_shown(kind)}; write one of {', '.join(KINDS)}")
@@ -180,25 +182,33 @@ class _Validator:
             self.add(f"{where}.language", f"is {_shown(language)}; write one of {', '.join(LANGUAGES)}")
         source = b.get("source")
         if not isinstance(source, str) or not source:
-            self.add(f"{where}.source", f"is {_shown(source)}; write the folder of the bundle's code, relative to module.toml")
+            self.add(
+                f"{where}.source",
+                f"is {_shown(source)}; write the folder of the bundle's code, relative to module.toml",
+            )
         else:
             self.inside(f"{where}.source", source)
         entry = b.get("entry")
         if entry is None:
-            self.add(f"{where}.entry", "is missing; write the argv to run, e.g. [\"node\", \"dist/main.js\"]")
+            self.add(f"{where}.entry", 'is missing; write the argv to run, e.g. ["node", "dist/main.js"]')
         elif not isinstance(entry, list) or not entry or not all(isinstance(x, str) and x for x in entry):
             self.add(f"{where}.entry", f"is {_shown(entry)}; write a non-empty list of strings")
         elif any("\0" in x for x in entry):  # exec refuses NUL in argv; say so now, not at launch
             self.add(f"{where}.entry", "contains a NUL character; write plain argv strings")
         elif entry[0].startswith("/") or ".." in Path(entry[0]).parts:
-            self.add(f"{where}.entry", f"{entry[0]!r} is outside the bundle; name a program inside it or an interpreter")
+            self.add(
+                f"{where}.entry", f"{entry[0]!r} is outside the bundle; name a program inside it or an interpreter"
+            )
         env = b.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) and "\0" not in v for v in env.values()):
-            self.add(f"{where}.env", "must be a table of strings (no NUL), e.g. { LOG_LEVEL = \"info\" }")
+            self.add(f"{where}.env", 'must be a table of strings (no NUL), e.g. { LOG_LEVEL = "info" }')
         else:
             for k in env:
                 if not ENV_NAME_RE.match(k) or k.startswith("MESH_"):
-                    self.add(f"{where}.env.{_key(k)}", "is not a usable variable name (letters, digits, _; MESH_ is the runtime's)")
+                    self.add(
+                        f"{where}.env.{_key(k)}",
+                        "is not a usable variable name (letters, digits, _; MESH_ is the runtime's)",
+                    )
         pass_env = b.get("pass_env", [])
         if not isinstance(pass_env, list) or not all(isinstance(x, str) and ENV_NAME_RE.match(x) for x in pass_env):
             self.add(f"{where}.pass_env", "must be a list of environment variable names")
@@ -220,7 +230,9 @@ class _Validator:
         try:
             resolved = (self.root / path).resolve()
         except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
-            self.add(field, f"{rel!r} cannot be resolved (a symlink loop?); write a path to a real folder inside the module")
+            self.add(
+                field, f"{rel!r} cannot be resolved (a symlink loop?); write a path to a real folder inside the module"
+            )
             return False
         if resolved != self.root and self.root not in resolved.parents:
             self.add(field, f"{rel!r} escapes the module folder; write a path inside it")
@@ -234,11 +246,11 @@ class _Validator:
             self.add(f"{where}.kind", f"is {_shown(kind)}; write one of image, package, binary")
         ref, build = a.get("ref", ""), a.get("build")
         if not isinstance(ref, str):
-            self.add(f"{where}.ref", "must be a string such as \"docker.io/library/postgres:16\"")
+            self.add(f"{where}.ref", 'must be a string such as "docker.io/library/postgres:16"')
         if build is not None and (not isinstance(build, str) or "\0" in build):
             self.add(f"{where}.build", "must be a path string")
         if not ref and build is None:
-            self.add(f"{where}.ref", "is missing; name the third-party artifact, e.g. \"docker.io/library/postgres:16\"")
+            self.add(f"{where}.ref", 'is missing; name the third-party artifact, e.g. "docker.io/library/postgres:16"')
         if "base" in a and not isinstance(a["base"], str):
             self.add(f"{where}.base", "must be an image reference string")
 

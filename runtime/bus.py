@@ -87,12 +87,17 @@ class EmbeddedServer:
         log_file = self.state_dir / "nats-server.log"
         argv = [
             nats_server_binary(),
-            "-a", "127.0.0.1",
-            "-p", str(self.port),
-            "-n", f"mesh-{self.node}",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-n",
+            f"mesh-{self.node}",
             "-js",
-            "-sd", str(store),
-            "-l", str(log_file),
+            "-sd",
+            str(store),
+            "-l",
+            str(log_file),
         ]
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -108,7 +113,9 @@ class EmbeddedServer:
         deadline = loop.time() + 10
         while loop.time() < deadline:
             if self._proc.returncode is not None:
-                raise BusError(f"the embedded nats-server exited at start (code {self._proc.returncode}); see {log_file}")
+                raise BusError(
+                    f"the embedded nats-server exited at start (code {self._proc.returncode}); see {log_file}"
+                )
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()
@@ -164,8 +171,10 @@ def refusal(e: BaseException) -> str | None:
     if isinstance(e, ssl.SSLCertVerificationError):
         return f"the server's TLS certificate is not trusted ({e.verify_message}); name its CA with tls_ca / --tls-ca"
     if isinstance(e, ssl.SSLError):
-        return (f"the TLS handshake failed ({e.reason or e}); does the server want a client certificate "
-                "(tls_cert and tls_key / --tls-cert and --tls-key)?")
+        return (
+            f"the TLS handshake failed ({e.reason or e}); does the server want a client certificate "
+            "(tls_cert and tls_key / --tls-cert and --tls-key)?"
+        )
     return None
 
 
@@ -208,12 +217,14 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
             log.warning("bus: %s", e)
 
     nc = Client()
-    attempt = asyncio.ensure_future(nc.connect(
-        **connect_options(cfg, name, persistent=not quiet),
-        disconnected_cb=disconnected,
-        reconnected_cb=reconnected,
-        error_cb=error,
-    ))
+    attempt = asyncio.ensure_future(
+        nc.connect(
+            **connect_options(cfg, name, persistent=not quiet),
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            error_cb=error,
+        )
+    )
     try:
         await asyncio.wait_for(asyncio.shield(attempt), 15 if quiet else None)
     except BaseException as e:  # nats-py raises a variety of types here; all mean "not connected"

@@ -97,7 +97,10 @@ class Reconciler:
                 if not said:
                     log.warning(
                         "membership: cannot watch %s in %s (%s: %s); delivered bundles wait until JetStream answers",
-                        node_key(self.node), KV_BUCKET, type(e).__name__, e,
+                        node_key(self.node),
+                        KV_BUCKET,
+                        type(e).__name__,
+                        e,
                     )
                     said = True
                 await anyio.sleep(5)

@@ -87,7 +87,9 @@ class Dispatcher:
     def _begin(self, route: Route, msg: Msg, arrived: float) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
         try:
-            return route.bundle.begin(route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle))
+            return route.bundle.begin(
+                route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle)
+            )
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
 
@@ -99,7 +101,9 @@ class Dispatcher:
             route = self.table.resolve(msg.subject)
         data = self._checked(route, msg.data)
         try:
-            return route, await route.bundle.begin_when_ready(route.tool_json, data, self.deadline(msg, arrived, route.bundle))
+            return route, await route.bundle.begin_when_ready(
+                route.tool_json, data, self.deadline(msg, arrived, route.bundle)
+            )
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
@@ -165,13 +169,20 @@ class Dispatcher:
             data.decode("utf-8")  # msgspec.Raw does not look inside strings; a child must get UTF-8
             args = _check_object(data)
         except UnicodeDecodeError as e:
-            raise BadRequest(subject, f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object") from None
+            raise BadRequest(
+                subject,
+                f"the body is not valid JSON (not UTF-8 at byte {e.start}); send the arguments as a UTF-8 JSON object",
+            ) from None
         except RecursionError:
             raise BadRequest(subject, "the body nests too deeply; send a flatter JSON object") from None
         except msgspec.ValidationError:
-            raise BadRequest(subject, "the body must be a JSON object of the tool's arguments, e.g. {\"name\": \"Ada\"}") from None
+            raise BadRequest(
+                subject, 'the body must be a JSON object of the tool\'s arguments, e.g. {"name": "Ada"}'
+            ) from None
         except msgspec.DecodeError as e:
-            raise BadRequest(subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object") from None
+            raise BadRequest(
+                subject, f"the body is not valid JSON ({e}); send the arguments as a JSON object"
+            ) from None
         if route.checker is not None and (problem := route.checker.problem(args)) is not None:
             raise BadRequest(subject, problem[1], field=problem[0])
         return data

@@ -103,13 +103,19 @@ class Node:
             await embedded.start()
             self.url = embedded.url
             nats_cfg = msgspec.structs.replace(self.config.nats, url=embedded.url)
-            log.info("embedded NATS server (JetStream on) listening on %s, state in %s", embedded.url, self.state_dir / "nats")
+            log.info(
+                "embedded NATS server (JetStream on) listening on %s, state in %s",
+                embedded.url,
+                self.state_dir / "nats",
+            )
         else:
             nats_cfg = self.config.nats
             self.url = self.config.nats.url
         try:
             self.nc = await connect(nats_cfg, f"mesh-node:{self.name}")
-            write_bus_info(self.state_dir, BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded is not None))
+            write_bus_info(
+                self.state_dir, BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded is not None)
+            )
             await self.reaper.start()
             await self._serve(placements or [])
         finally:
@@ -155,7 +161,9 @@ class Node:
                 log.info(
                     "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                     "`meshctl call tool.<module>.<tool> '{...}'`",
-                    self.name, self.url, len(self.table.modules),
+                    self.name,
+                    self.url,
+                    len(self.table.modules),
                     sum(len(m.bundles) for m in self.table.modules.values()),
                 )
                 self._ready.set()
@@ -210,7 +218,10 @@ class Node:
         self.table.rebuild()
         log.info(
             "module %s %s: %d tools bundles, seats held: %s",
-            module.name, module.version, len(entry.bundles), entry.seats or "none",
+            module.name,
+            module.version,
+            len(entry.bundles),
+            entry.seats or "none",
         )
 
     def _runner(self, placement: Placement, spec: BundleManifest) -> BundleRunner:
@@ -219,7 +230,9 @@ class Node:
         if self.config.child_user:
             # Children run as another user: their data folder is theirs, nothing else of the node's.
             shutil.chown(folder, self.config.child_user, self.config.child_group)
-        return BundleRunner(runner_spec(placement, spec, self.config, self.run_id), on_tools=self._tools_changed, reaper=self.reaper)
+        return BundleRunner(
+            runner_spec(placement, spec, self.config, self.run_id), on_tools=self._tools_changed, reaper=self.reaper
+        )
 
     def _release_seats(self, entry: ModuleEntry) -> None:
         for seat in entry.seats:
@@ -333,7 +346,9 @@ class Node:
             url=self.url,
             pid=os.getpid(),
             uptime_s=round(time.monotonic() - self._started, 3),
-            modules=[ModuleStatus(m.name, m.version, self.sources.get(m.name, "")) for m in self.table.modules.values()],
+            modules=[
+                ModuleStatus(m.name, m.version, self.sources.get(m.name, "")) for m in self.table.modules.values()
+            ],
             bundles=bundles,
             seats=list(self.seats.values()),
             problems=list(self.problems) + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()],
@@ -351,14 +366,17 @@ class Node:
         except (msgspec.DecodeError, AttributeError):
             wanted = ""
         matches = [
-            b for m in self.table.modules.values() for b in m.bundles
+            b
+            for m in self.table.modules.values()
+            for b in m.bundles
             if wanted in (b.key, b.spec.module) or (wanted and b.spec.name == wanted and "/" not in wanted)
         ]
         if len(matches) != 1:
             known = [b.key for m in self.table.modules.values() for b in m.bundles]
             reply: dict[str, Any] = {
                 "ok": False,
-                "error": f"bundle {wanted!r} " + ("is ambiguous" if matches else "is not on this node")
+                "error": f"bundle {wanted!r} "
+                + ("is ambiguous" if matches else "is not on this node")
                 + f"; bundles here: {', '.join(known) or 'none'}",
             }
         else:
@@ -373,4 +391,3 @@ class Node:
     def _metadata(self) -> dict[str, str]:
         held = sorted(s.seat for s in self.seats.values() if s.state == "held")
         return {"node": self.name, "seats": ",".join(held)}
-

@@ -104,7 +104,9 @@ def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:
             problems.extend(str(p) for p in e.problems)
             continue
         if loaded.module.name in names:
-            problems.append(f"{loaded.path}: name: module {loaded.module.name!r} is also in {names[loaded.module.name]}")
+            problems.append(
+                f"{loaded.path}: name: module {loaded.module.name!r} is also in {names[loaded.module.name]}"
+            )
             continue
         names[loaded.module.name] = loaded.path
         placements.append(from_source(loaded))

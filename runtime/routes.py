@@ -43,8 +43,17 @@ class Route:
     """One subject served by one tool of one bundle, with its Service API stats."""
 
     __slots__ = (
-        "subject", "kind", "module", "tool", "tool_json", "bundle", "checker",
-        "num_requests", "num_errors", "last_error", "processing_ns",
+        "subject",
+        "kind",
+        "module",
+        "tool",
+        "tool_json",
+        "bundle",
+        "checker",
+        "num_requests",
+        "num_errors",
+        "last_error",
+        "processing_ns",
     )
 
     def __init__(self, subject: str, kind: str, module: str, tool: Tool, bundle: BundleRunner) -> None:
@@ -114,22 +123,22 @@ class RouteTable:
         """Bundles still starting that might serve this subject once they list their tools."""
         module = None
         if subject.startswith(TOOL_PREFIX):
-            module = subject[len(TOOL_PREFIX):].partition(".")[0]
+            module = subject[len(TOOL_PREFIX) :].partition(".")[0]
         elif subject.startswith(SEAT_PREFIX):
-            module = self.seat_holders.get(subject[len(SEAT_PREFIX):].partition(".")[0])
+            module = self.seat_holders.get(subject[len(SEAT_PREFIX) :].partition(".")[0])
         entry = self.modules.get(module) if module else None
         return [b for b in entry.bundles if b.state == "starting"] if entry else []
 
     def why_not(self, subject: str) -> Exception:
         """404 when nothing here could serve it; 503 when the bundle that might is down."""
         if subject.startswith(TOOL_PREFIX):
-            module, _, tool = subject[len(TOOL_PREFIX):].partition(".")
+            module, _, tool = subject[len(TOOL_PREFIX) :].partition(".")
             entry = self.modules.get(module)
             if entry is None:
                 return NoSuchTool(subject, f"module {module!r} is not served by node {self.node}", sorted(self.modules))
             what, family = f"module {module} has no tool {tool!r}", module
         elif subject.startswith(SEAT_PREFIX):
-            seat, _, verb = subject[len(SEAT_PREFIX):].partition(".")
+            seat, _, verb = subject[len(SEAT_PREFIX) :].partition(".")
             holder = self.seat_holders.get(seat)
             if holder is None:
                 return NoSuchTool(subject, f"seat {seat!r} is not held on node {self.node}", sorted(self.seat_holders))

@@ -12,8 +12,14 @@ from typing import Any
 
 import msgspec
 
-_FIRST_BYTE_TYPES: dict[int, str] = {ord('"'): "string", ord("{"): "object", ord("["): "array",
-                                     ord("t"): "boolean", ord("f"): "boolean", ord("n"): "null"}
+_FIRST_BYTE_TYPES: dict[int, str] = {
+    ord('"'): "string",
+    ord("{"): "object",
+    ord("["): "array",
+    ord("t"): "boolean",
+    ord("f"): "boolean",
+    ord("n"): "null",
+}
 
 
 def _json_type(raw: msgspec.Raw) -> str:
@@ -54,7 +60,10 @@ class ArgumentsChecker:
                 continue
             actual = _json_type(raw)
             if not any(_matches(actual, w) for w in types):
-                return name, f"argument {name!r} is {'an' if actual[0] in 'aeiou' else 'a'} {actual}; it must be {' or '.join(types)}"
+                return (
+                    name,
+                    f"argument {name!r} is {'an' if actual[0] in 'aeiou' else 'a'} {actual}; it must be {' or '.join(types)}",
+                )
         return None
 
 
@@ -64,7 +73,11 @@ def compile_schema(schema: dict[str, Any] | None) -> ArgumentsChecker | None:
         return None
     props = schema.get("properties")
     props = props if isinstance(props, dict) else {}
-    required = [r for r in schema.get("required", []) if isinstance(r, str)] if isinstance(schema.get("required"), list) else []
+    required = (
+        [r for r in schema.get("required", []) if isinstance(r, str)]
+        if isinstance(schema.get("required"), list)
+        else []
+    )
     types: dict[str, tuple[str, ...]] = {}
     for name, prop in props.items():
         if not isinstance(prop, dict):

@@ -33,8 +33,19 @@ EXTENSIONS = {
     "c": (".c", ".h"),
 }
 SKIP_DIRS = {
-    "test", "tests", "fixtures", "testdata", "examples", "benches",
-    "node_modules", "dist", "target", "build", "vendor", "__pycache__", ".venv",
+    "test",
+    "tests",
+    "fixtures",
+    "testdata",
+    "examples",
+    "benches",
+    "node_modules",
+    "dist",
+    "target",
+    "build",
+    "vendor",
+    "__pycache__",
+    ".venv",
 }
 
 
@@ -110,7 +121,7 @@ def c_family_code_lines(text: str, language: str) -> int:
                 in_block, i = True, i + 2
                 continue
             ch = line[i]
-            if ch in "\"`" or (ch == "'" and _quote_opens_string(line, i, language)):
+            if ch in '"`' or (ch == "'" and _quote_opens_string(line, i, language)):
                 i = _string_end(line, i)
                 has_code = True
                 continue
@@ -145,7 +156,11 @@ def without_rust_tests(text: str) -> str:
     (rustfmt style: the module opens at column 0 and closes with a `}` alone at column 0)."""
     kept, lines, i = [], text.splitlines(), 0
     while i < len(lines):
-        if lines[i].strip() == "#[cfg(test)]" and i + 1 < len(lines) and re.match(r"(pub\s+)?mod\s+\w+\s*\{\s*$", lines[i + 1]):
+        if (
+            lines[i].strip() == "#[cfg(test)]"
+            and i + 1 < len(lines)
+            and re.match(r"(pub\s+)?mod\s+\w+\s*\{\s*$", lines[i + 1])
+        ):
             i += 2
             while i < len(lines) and lines[i] != "}":
                 i += 1
@@ -177,7 +192,11 @@ def wrapped_library(sdk: Path, language: str) -> str:
             name = "@modelcontextprotocol/sdk"
             return f"`{name}` {deps[name]} (npm, the official MCP TypeScript SDK)" if name in deps else "-"
         if language == "go":
-            m = re.search(r"^\s*(?:require\s+)?(github\.com/modelcontextprotocol/go-sdk)\s+(\S+)", (sdk / "go.mod").read_text(), re.M)
+            m = re.search(
+                r"^\s*(?:require\s+)?(github\.com/modelcontextprotocol/go-sdk)\s+(\S+)",
+                (sdk / "go.mod").read_text(),
+                re.M,
+            )
             return f"`{m[1]}` {m[2]} (the official MCP Go SDK)" if m else "-"
         if language == "rust":
             deps = tomllib.loads((sdk / "Cargo.toml").read_text()).get("dependencies", {})
@@ -216,17 +235,15 @@ def render() -> str:
         "*lines of code* are lines with something besides blanks and comments (docstrings and doc\n"
         "comments are comments). The count is rough: the scan knows comments and one-line strings.\n\n"
         "| language | files | lines | lines of code | wraps |\n"
-        "|---|---:|---:|---:|---|\n"
-        + "\n".join(rows)
-        + "\n\n## Per file\n"
-        + "\n".join(details)
-        + "\n"
+        "|---|---:|---:|---:|---|\n" + "\n".join(rows) + "\n\n## Per file\n" + "\n".join(details) + "\n"
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Write docs/sdk-sizes.md, or check that it is current.")
-    p.add_argument("--check", action="store_true", help="exit 1 when docs/sdk-sizes.md differs from what would be written")
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 when docs/sdk-sizes.md differs from what would be written"
+    )
     p.add_argument("--output", type=Path, default=DOC, help="the file to write or check (default docs/sdk-sizes.md)")
     args = p.parse_args(argv)
     text = render()
@@ -237,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         if current == text:
             print(f"{shown} is current")
             return 0
-        diff = "".join(difflib.unified_diff(current.splitlines(True), text.splitlines(True), f"{shown} (committed)", f"{shown} (from sdk/)"))
+        diff = "".join(
+            difflib.unified_diff(
+                current.splitlines(True), text.splitlines(True), f"{shown} (committed)", f"{shown} (from sdk/)"
+            )
+        )
         print(
             f"{shown} is stale: the SDK sources changed since it was written. Run `python scripts/sdk_sizes.py` "
             f"and commit {shown}.\n{diff}",

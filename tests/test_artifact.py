@@ -33,8 +33,15 @@ from toolchains.base import BuildOutput
 from toolchains.build import UnknownToolchain, build_module
 
 META = ArtifactMeta(
-    module="hello", bundle="tools", version="0.1.0", kind="tools", language="c", entry=["bin/hello"],
-    env={"DATA": "{bundle_dir}/share"}, os="linux", arch="amd64",
+    module="hello",
+    bundle="tools",
+    version="0.1.0",
+    kind="tools",
+    language="c",
+    entry=["bin/hello"],
+    env={"DATA": "{bundle_dir}/share"},
+    os="linux",
+    arch="amd64",
 )
 # Incompressible, deterministic bytes: cutting the archive in half lands inside file data.
 BLOB = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(2048))
@@ -81,11 +88,22 @@ def test_pack_layout_and_canonical_meta(tmp_path: Path) -> None:
     assert raw[3] & 0x08 == 0  # no file name in the gzip header
     with tarfile.open(artifact) as tar:
         members = tar.getmembers()
-        assert [m.name for m in members] == ["bundle.json", "bin/data", "bin/hello", "share/data.bin", "share/deep/note.txt"]
+        assert [m.name for m in members] == [
+            "bundle.json",
+            "bin/data",
+            "bin/hello",
+            "share/data.bin",
+            "share/deep/note.txt",
+        ]
         for m in members:
             assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
         modes = {m.name: m.mode for m in members if m.isreg()}
-        assert modes == {"bundle.json": 0o644, "bin/hello": 0o755, "share/data.bin": 0o644, "share/deep/note.txt": 0o644}
+        assert modes == {
+            "bundle.json": 0o644,
+            "bin/hello": 0o755,
+            "share/data.bin": 0o644,
+            "share/deep/note.txt": 0o644,
+        }
         meta_bytes = tar.extractfile("bundle.json").read()  # type: ignore[union-attr]
     meta = read_meta(artifact)
     assert meta_bytes == encode_meta(meta)
@@ -101,7 +119,9 @@ def test_pack_without_platform_names_no_os_arch(tmp_path: Path) -> None:
     stage = tmp_path / "s"
     stage.mkdir()
     (stage / "main.py").write_text("print(1)\n")
-    meta = ArtifactMeta(module="m", bundle="b", version="1.2.3", kind="tools", language="python", entry=["python", "main.py"])
+    meta = ArtifactMeta(
+        module="m", bundle="b", version="1.2.3", kind="tools", language="python", entry=["python", "main.py"]
+    )
     assert pack(stage, meta, tmp_path / "o").name == "m-b-1.2.3.tar.gz"
 
 
@@ -162,7 +182,12 @@ def test_unpack_replaces_existing_dest_only_when_verified(tmp_path: Path) -> Non
 
 def meta_for(files: dict[str, bytes], links: dict[str, str] | None = None, *, entry: str = "bin/hello", **over) -> dict:
     meta = msgspec.to_builtins(META)
-    meta.update(entry=[entry], files={k: sha(v) for k, v in files.items()}, links=links or {}, exec=sorted(k for k in files if k == entry))
+    meta.update(
+        entry=[entry],
+        files={k: sha(v) for k, v in files.items()},
+        links=links or {},
+        exec=sorted(k for k in files if k == entry),
+    )
     meta.update(over)
     return meta
 
@@ -173,7 +198,10 @@ GOOD = {"bin/hello": b"#!/bin/sh\necho hello\n", "share/data.bin": BLOB}
 def make_tar(path: Path, members: list[tuple[str, bytes, bytes | str | None]], meta: dict | bytes | None) -> Path:
     """members: (name, type, content or link target); meta first unless None."""
     buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as gz, tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar,
+    ):
         if meta is not None:
             data = meta if isinstance(meta, bytes) else msgspec.json.encode(meta)
             info = tarfile.TarInfo("bundle.json")
@@ -210,10 +238,15 @@ def cases(tmp: Path) -> dict[str, tuple[Path, str]]:
     tampered = dict(GOOD, **{"share/data.bin": BLOB[:-1] + b"X"})
     return {
         "dotdot": (make_tar(a("dotdot"), good_members() + [("../evil", reg, b"x")], meta_for(GOOD)), "`..`"),
-        "dotdot-inside": (make_tar(a("dotdot-in"), good_members() + [("share/../../evil", reg, b"x")], meta_for(GOOD)), "`..`"),
+        "dotdot-inside": (
+            make_tar(a("dotdot-in"), good_members() + [("share/../../evil", reg, b"x")], meta_for(GOOD)),
+            "`..`",
+        ),
         "absolute": (make_tar(a("abs"), good_members() + [("/abs", reg, b"x")], meta_for(GOOD)), "absolute"),
         "symlink-etc-passwd": (
-            make_tar(a("sym-abs"), good_members() + [("pw", sym, "/etc/passwd")], meta_for(GOOD, {"pw": "/etc/passwd"})),
+            make_tar(
+                a("sym-abs"), good_members() + [("pw", sym, "/etc/passwd")], meta_for(GOOD, {"pw": "/etc/passwd"})
+            ),
             "absolute path /etc/passwd",
         ),
         "symlink-etc-passwd-unlisted": (
@@ -226,12 +259,19 @@ def cases(tmp: Path) -> dict[str, tuple[Path, str]]:
         ),
         # `d` -> "." is harmless alone, but `d/../x` would climb out through it.
         "symlink-through-link": (
-            make_tar(a("sym-via"), good_members() + [("d", sym, "."), ("x", sym, "d/../../etc")], meta_for(GOOD, {"d": ".", "x": "d/../../etc"})),
+            make_tar(
+                a("sym-via"),
+                good_members() + [("d", sym, "."), ("x", sym, "d/../../etc")],
+                meta_for(GOOD, {"d": ".", "x": "d/../../etc"}),
+            ),
             "not in normal form",
         ),
         "file-under-link": (
-            make_tar(a("under-link"), [("d", sym, "bin")] + good_members() + [("d/evil", reg, b"x")],
-                     meta_for(dict(GOOD, **{"d/evil": b"x"}), {"d": "bin"})),
+            make_tar(
+                a("under-link"),
+                [("d", sym, "bin")] + good_members() + [("d/evil", reg, b"x")],
+                meta_for(dict(GOOD, **{"d/evil": b"x"}), {"d": "bin"}),
+            ),
             "which is a link, not a folder",
         ),
         "symlink-differs-from-meta": (
@@ -239,7 +279,10 @@ def cases(tmp: Path) -> dict[str, tuple[Path, str]]:
             "but bundle.json says",
         ),
         "hardlink": (make_tar(a("hard"), good_members() + [("h", lnk, "bin/hello")], meta_for(GOOD)), "hardlink"),
-        "hardlink-out": (make_tar(a("hard-out"), good_members() + [("h", lnk, "/etc/passwd")], meta_for(GOOD)), "hardlink"),
+        "hardlink-out": (
+            make_tar(a("hard-out"), good_members() + [("h", lnk, "/etc/passwd")], meta_for(GOOD)),
+            "hardlink",
+        ),
         "fifo": (make_tar(a("fifo"), good_members() + [("p", tarfile.FIFOTYPE, None)], meta_for(GOOD)), "named pipe"),
         "device": (make_tar(a("dev"), good_members() + [("null", tarfile.CHRTYPE, None)], meta_for(GOOD)), "device"),
         "tampered": (
@@ -250,18 +293,37 @@ def cases(tmp: Path) -> dict[str, tuple[Path, str]]:
         "not-gzip": (junk, "truncated or corrupt"),
         "no-bundle-json": (make_tar(a("no-meta"), good_members(), None), "starts with the file bundle.json"),
         "bundle-json-not-first": (
-            make_tar(a("late-meta"), good_members() + [("bundle.json", reg, msgspec.json.encode(meta_for(GOOD)))], None),
+            make_tar(
+                a("late-meta"), good_members() + [("bundle.json", reg, msgspec.json.encode(meta_for(GOOD)))], None
+            ),
             "starts with the file bundle.json",
         ),
         "bad-json": (make_tar(a("bad-json"), good_members(), b"{not json"), "not valid JSON"),
         "bad-meta-field": (make_tar(a("bad-field"), good_members(), meta_for(GOOD, kind="daemon")), "invalid"),
         "unknown-format": (make_tar(a("fmt"), good_members(), meta_for(GOOD, format=2)), "format 2"),
-        "bad-hash-text": (make_tar(a("hash"), good_members(), dict(meta_for(GOOD), files={**meta_for(GOOD)["files"], "bin/hello": "abc"})), "64 lowercase hex"),
-        "extra-unlisted": (make_tar(a("extra"), good_members() + [("extra.sh", reg, b"rm -rf ~")], meta_for(GOOD)), "not listed"),
+        "bad-hash-text": (
+            make_tar(
+                a("hash"), good_members(), dict(meta_for(GOOD), files={**meta_for(GOOD)["files"], "bin/hello": "abc"})
+            ),
+            "64 lowercase hex",
+        ),
+        "extra-unlisted": (
+            make_tar(a("extra"), good_members() + [("extra.sh", reg, b"rm -rf ~")], meta_for(GOOD)),
+            "not listed",
+        ),
         "listed-missing": (make_tar(a("missing"), good_members()[:1], meta_for(GOOD)), "missing from the archive"),
-        "duplicate": (make_tar(a("dup"), good_members() + [("bin/hello", reg, GOOD["bin/hello"])], meta_for(GOOD)), "appears twice"),
-        "folder-entry": (make_tar(a("dir"), [("bin", tarfile.DIRTYPE, None)] + good_members(), meta_for(GOOD)), "folder entry"),
-        "entry-absent": (make_tar(a("entry"), good_members(), meta_for(GOOD, entry="bin/nothere")), "entry[0] 'bin/nothere' is not in the bundle"),
+        "duplicate": (
+            make_tar(a("dup"), good_members() + [("bin/hello", reg, GOOD["bin/hello"])], meta_for(GOOD)),
+            "appears twice",
+        ),
+        "folder-entry": (
+            make_tar(a("dir"), [("bin", tarfile.DIRTYPE, None)] + good_members(), meta_for(GOOD)),
+            "folder entry",
+        ),
+        "entry-absent": (
+            make_tar(a("entry"), good_members(), meta_for(GOOD, entry="bin/nothere")),
+            "entry[0] 'bin/nothere' is not in the bundle",
+        ),
         "entry-not-exec": (
             make_tar(a("entry-x"), good_members(), dict(meta_for(GOOD), exec=[])),
             "not executable",
@@ -270,11 +332,34 @@ def cases(tmp: Path) -> dict[str, tuple[Path, str]]:
 
 
 CASE_NAMES = [
-    "dotdot", "dotdot-inside", "absolute", "symlink-etc-passwd", "symlink-etc-passwd-unlisted", "symlink-up",
-    "symlink-through-link", "file-under-link", "symlink-differs-from-meta", "hardlink", "hardlink-out", "fifo",
-    "device", "tampered", "truncated", "not-gzip", "no-bundle-json", "bundle-json-not-first", "bad-json",
-    "bad-meta-field", "unknown-format", "bad-hash-text", "extra-unlisted", "listed-missing", "duplicate",
-    "folder-entry", "entry-absent", "entry-not-exec",
+    "dotdot",
+    "dotdot-inside",
+    "absolute",
+    "symlink-etc-passwd",
+    "symlink-etc-passwd-unlisted",
+    "symlink-up",
+    "symlink-through-link",
+    "file-under-link",
+    "symlink-differs-from-meta",
+    "hardlink",
+    "hardlink-out",
+    "fifo",
+    "device",
+    "tampered",
+    "truncated",
+    "not-gzip",
+    "no-bundle-json",
+    "bundle-json-not-first",
+    "bad-json",
+    "bad-meta-field",
+    "unknown-format",
+    "bad-hash-text",
+    "extra-unlisted",
+    "listed-missing",
+    "duplicate",
+    "folder-entry",
+    "entry-absent",
+    "entry-not-exec",
 ]
 
 
@@ -347,7 +432,9 @@ def test_unknown_toolchain_module_is_a_clear_error(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(build_mod.importlib, "import_module", import_module)
     with pytest.raises(UnknownToolchain, match="no toolchain for language 'go'.*no module toolchains.go"):
-        build_module(write_module(tmp_path / "mod"), tmp_path / "out", cache_dir=tmp_path / "cache", progress=lambda _: None)
+        build_module(
+            write_module(tmp_path / "mod"), tmp_path / "out", cache_dir=tmp_path / "cache", progress=lambda _: None
+        )
 
 
 def test_build_module_with_a_stand_in_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -368,7 +455,9 @@ def test_build_module_with_a_stand_in_toolchain(tmp_path: Path, monkeypatch: pyt
     fake.TOOLCHAIN = FakeGo()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "toolchains.go", fake)
     lines: list[str] = []
-    paths = build_module(write_module(tmp_path / "mod"), tmp_path / "out", cache_dir=tmp_path / "cache", progress=lines.append)
+    paths = build_module(
+        write_module(tmp_path / "mod"), tmp_path / "out", cache_dir=tmp_path / "cache", progress=lines.append
+    )
     assert [p.name for p in paths] == ["hello-go-tools-0.1.0-linux-amd64.tar.gz"]
     assert read_meta(paths[0]).files.keys() == {"hello"}
     assert lines[0] == "[hello-go/tools] building (go)..."

@@ -31,8 +31,15 @@ def raw_artifact(out: Path, module: str, version: str, *, seats: list[str] | Non
     )
     for seat in seats or []:
         manifest += f'\n[[seat]]\nname = "{seat}"\n'
-    meta = ArtifactMeta(module=module, bundle="tools", version=version, kind="tools", language="python",
-                      entry=["python", "raw_child.py"], manifest=manifest)
+    meta = ArtifactMeta(
+        module=module,
+        bundle="tools",
+        version=version,
+        kind="tools",
+        language="python",
+        entry=["python", "raw_child.py"],
+        manifest=manifest,
+    )
     return pack(stage, meta, out)
 
 
@@ -64,7 +71,9 @@ async def test_deliver_upgrade_remove_redeliver(tmp_path: Path, node_factory, na
     r = meshctl("bundle", "deliver", str(v1), str(other), "--node", node.name, url=nats_server.url)
     assert r.returncode == 0, r.stderr
     assert "uploaded" in r.stdout
-    await wait_call(nc, "mesh.tool.store.version", {}, lambda r: r[0] == 200 and r[1]["structuredContent"]["version"] == "1.0.0")
+    await wait_call(
+        nc, "mesh.tool.store.version", {}, lambda r: r[0] == 200 and r[1]["structuredContent"]["version"] == "1.0.0"
+    )
     code, _ = await call(nc, "mesh.tool.store.remember", {"key": "a", "value": 1})
     assert code == 200
     code, r_seat = await call(nc, "mesh.seat.kv.nope", {})
@@ -74,7 +83,9 @@ async def test_deliver_upgrade_remove_redeliver(tmp_path: Path, node_factory, na
     v2 = raw_artifact(tmp_path / "out", "store", "2.0.0", seats=["kv"])
     r = meshctl("bundle", "deliver", str(v2), "--node", node.name, url=nats_server.url)
     assert r.returncode == 0, r.stderr
-    await wait_call(nc, "mesh.tool.store.version", {}, lambda r: r[0] == 200 and r[1]["structuredContent"]["version"] == "2.0.0")
+    await wait_call(
+        nc, "mesh.tool.store.version", {}, lambda r: r[0] == 200 and r[1]["structuredContent"]["version"] == "2.0.0"
+    )
     code, res = await call(nc, "mesh.tool.store.remember", {})
     assert res["structuredContent"] == {"a": 1}
     assert (await status(nc, node.name))["bundles"][0]["module"] in ("store", "other")
@@ -124,7 +135,9 @@ def _tamper(artifact: Path, out: Path) -> Path:
     return target
 
 
-async def test_tampered_artifact_is_refused_and_the_running_version_keeps_running(tmp_path: Path, node_factory, nats_server) -> None:
+async def test_tampered_artifact_is_refused_and_the_running_version_keeps_running(
+    tmp_path: Path, node_factory, nats_server
+) -> None:
     empty = tmp_path / "none"
     empty.mkdir()
     node = node_factory(empty)

@@ -173,14 +173,28 @@ def test_all_problems_of_one_file_are_reported_together() -> None:
     file = DATA / "many-mistakes" / "module.toml"
     problems = load_problems(file)
     fields = [p.field for p in problems]
-    assert sorted(fields) == sorted({
-        "name", "version", "colour",
-        "bundle[0].kind", "bundle[0].source", "bundle[0].entry", "bundle[0].timeout_ms",
-        "bundle[1].name", "bundle[1].language", "bundle[1].source", "bundle[1].entry",
-        "bundle[1].env.MESH_NODE", "bundle[1].lang",
-        "bundle[2].name", "bundle[2].env", "bundle[2].entry",
-        "seat[1].name", "seat[2].name",
-    }), "\n".join(str(p) for p in problems)
+    assert sorted(fields) == sorted(
+        {
+            "name",
+            "version",
+            "colour",
+            "bundle[0].kind",
+            "bundle[0].source",
+            "bundle[0].entry",
+            "bundle[0].timeout_ms",
+            "bundle[1].name",
+            "bundle[1].language",
+            "bundle[1].source",
+            "bundle[1].entry",
+            "bundle[1].env.MESH_NODE",
+            "bundle[1].lang",
+            "bundle[2].name",
+            "bundle[2].env",
+            "bundle[2].entry",
+            "seat[1].name",
+            "seat[2].name",
+        }
+    ), "\n".join(str(p) for p in problems)
     assert all(str(p).startswith(f"{file}: ") for p in problems)
     # The whole error reads as one problem per line, so a person sees everything in one go.
     with pytest.raises(ManifestError) as caught:
@@ -208,8 +222,9 @@ def test_nested_too_deep_is_a_problem_not_a_recursion_error(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("where", ["folder", "file", "empty folder"])
 def test_missing_file(tmp_path: Path, where: str) -> None:
-    target = {"folder": tmp_path / "absent", "file": tmp_path / "absent" / "module.toml",
-              "empty folder": tmp_path}[where]
+    target = {"folder": tmp_path / "absent", "file": tmp_path / "absent" / "module.toml", "empty folder": tmp_path}[
+        where
+    ]
     [problem] = load_problems(target)
     # A path that is no folder is taken as the manifest itself.
     shown = target / "module.toml" if target.is_dir() else target
@@ -306,25 +321,33 @@ def test_build_context_outside_the_module_is_refused(tmp_path: Path) -> None:
     assert problem.field == "artifact[0].build" and "outside the module folder" in problem.message
 
 
-@pytest.mark.parametrize("ref", [
-    "docker.io/library/postgres:16", "redis", "ghcr.io/acme/mesh-node-exporter:1",
-    "quay.io/prometheus/node-exporter@sha256:" + "0" * 64,
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "docker.io/library/postgres:16",
+        "redis",
+        "ghcr.io/acme/mesh-node-exporter:1",
+        "quay.io/prometheus/node-exporter@sha256:" + "0" * 64,
+    ],
+)
 def test_third_party_images_pass(tmp_path: Path, ref: str) -> None:
     text = GOOD + f'\n[[artifact]]\nkind = "image"\nref = "{ref}"\n'
     assert check_path(write_module(tmp_path / "m", text).parent) == []
 
 
-@pytest.mark.parametrize("ref, expected", [
-    ("mesh-node", True),
-    ("docker.io/library/mesh-node:1.2", True),
-    ("ghcr.io/acme/mesh-node@sha256:" + "a" * 64, True),
-    ("localhost:5000/mesh/node:2", True),
-    ("registry.example.com/mesh-runtime", True),
-    ("docker.io/library/postgres:16", False),
-    ("ghcr.io/acme/mesh-node-exporter:1", False),
-    ("localhost:5000/mesh-node-ui", False),
-])
+@pytest.mark.parametrize(
+    "ref, expected",
+    [
+        ("mesh-node", True),
+        ("docker.io/library/mesh-node:1.2", True),
+        ("ghcr.io/acme/mesh-node@sha256:" + "a" * 64, True),
+        ("localhost:5000/mesh/node:2", True),
+        ("registry.example.com/mesh-runtime", True),
+        ("docker.io/library/postgres:16", False),
+        ("ghcr.io/acme/mesh-node-exporter:1", False),
+        ("localhost:5000/mesh-node-ui", False),
+    ],
+)
 def test_is_runtime_image(ref: str, expected: bool) -> None:
     assert is_runtime_image(ref) is expected
 
@@ -348,8 +371,9 @@ def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_check_good_module() -> None:
     # The installed console script, once; the other CLI tests use `python -m runtime.meshctl`.
     script = Path(sys.executable).parent / "meshctl"
-    done = subprocess.run([str(script), "module", "check", str(DATA / "good")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(script), "module", "check", str(DATA / "good")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{DATA / 'good'}: ok\n" and done.stderr == ""
 
@@ -370,8 +394,15 @@ def test_cli_check_several_paths() -> None:
 
 def test_cli_runtime_image_option_and_quiet() -> None:
     folder = str(DATA / "custom-runtime-base")
-    done = meshctl("module", "check", "--quiet", "--runtime-image", "registry.example.com/ops/node-runtime",
-                   folder, str(DATA / "good"))
+    done = meshctl(
+        "module",
+        "check",
+        "--quiet",
+        "--runtime-image",
+        "registry.example.com/ops/node-runtime",
+        folder,
+        str(DATA / "good"),
+    )
     assert done.returncode == 1
     [line] = done.stdout.splitlines()  # --quiet: the passing module prints nothing
     assert line.startswith(f"{folder}/module.toml: artifact[0].base: ") and "record 0188" in line
@@ -504,14 +535,23 @@ def spoil(data: dict[str, Any], artifacts: list[dict[str, Any]], field: str | No
 # Well-formed image artifacts the record 0188 check has to judge: built in or out of the module, on any base.
 IMAGE = st.fixed_dictionaries(
     {"kind": st.just("image"), "ref": st.sampled_from(["x/y:1", "postgres:16", "mesh-node:2"])},
-    optional={"build": st.sampled_from([".", "src", "Dockerfile", "../ctx", "/ctx", "", "a/../.."]),
-              "base": st.sampled_from(["debian:12", "ghcr.io/acme/mesh-node:1.2", "mesh/node"])},
+    optional={
+        "build": st.sampled_from([".", "src", "Dockerfile", "../ctx", "/ctx", "", "a/../.."]),
+        "base": st.sampled_from(["debian:12", "ghcr.io/acme/mesh-node:1.2", "mesh/node"]),
+    },
 )
-NEARLY_VALID = st.builds(spoil, VALID_MODULE, st.lists(st.one_of(IMAGE, IMAGE, ARTIFACT), max_size=2),
-                         st.none() | st.sampled_from(SPOILABLE), st.one_of(PATHS, NAMES, ANY))
+NEARLY_VALID = st.builds(
+    spoil,
+    VALID_MODULE,
+    st.lists(st.one_of(IMAGE, IMAGE, ARTIFACT), max_size=2),
+    st.none() | st.sampled_from(SPOILABLE),
+    st.one_of(PATHS, NAMES, ANY),
+)
 TOML_BYTES = st.one_of(MODULE, NEARLY_VALID, NEARLY_VALID, NEARLY_VALID).map(toml_document).map(str.encode)
 MANIFEST = st.one_of(
-    TOML_BYTES, TOML_BYTES, st.binary(max_size=200),
+    TOML_BYTES,
+    TOML_BYTES,
+    st.binary(max_size=200),
     TOML_BYTES.flatmap(lambda b: st.integers(0, len(b)).map(lambda i: b[:i])),  # cut short
 )
 
@@ -524,8 +564,9 @@ def assert_one_line_problems(problems: list[Problem], file: Path) -> None:
 
 # tmp_path is shared by the examples of one test; each example overwrites the one module.toml.
 # No example database: a failure prints the example that reproduces it.
-PROPERTY = settings(deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+PROPERTY = settings(
+    deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 @settings(PROPERTY, max_examples=300)

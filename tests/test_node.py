@@ -33,7 +33,9 @@ async def test_200_concurrent_calls_on_one_child(tmp_path: Path, node_factory) -
     node = node_factory(tmp_path / "mods")
     nc = await client(node.bus_url())
     await wait_state(nc, node.name, "alpha/tools", "ready")
-    results = await asyncio.gather(*(call(nc, "mesh.tool.alpha.echo", {"i": i, "pad": "x" * (i % 50)}) for i in range(200)))
+    results = await asyncio.gather(
+        *(call(nc, "mesh.tool.alpha.echo", {"i": i, "pad": "x" * (i % 50)}) for i in range(200))
+    )
     for i, (code, result) in enumerate(results):
         assert code == 200
         assert result["structuredContent"] == {"i": i, "pad": "x" * (i % 50)}
@@ -315,7 +317,9 @@ async def test_stateful_seat_held_by_another_node_is_refused(tmp_path: Path, nod
 
 async def test_child_environment_is_built_from_scratch(tmp_path: Path, node_factory) -> None:
     make_module(tmp_path / "mods", "alpha", extra_bundle='pass_env = ["GRANTED_VAR"]')
-    node = node_factory(tmp_path / "mods", env={"MESH_NATS_TOKEN": "s3cret", "NODE_SECRET": "hidden", "GRANTED_VAR": "yes"})
+    node = node_factory(
+        tmp_path / "mods", env={"MESH_NATS_TOKEN": "s3cret", "NODE_SECRET": "hidden", "GRANTED_VAR": "yes"}
+    )
     nc = await client(node.bus_url())
     await wait_state(nc, node.name, "alpha/tools", "ready")
     code, r = await call(nc, "mesh.tool.alpha.env", {})
@@ -389,7 +393,9 @@ async def test_arguments_failing_the_input_schema_are_400_naming_the_field(tmp_p
 
 async def test_calls_left_after_the_drain_timeout_are_answered_node_stopping(tmp_path: Path, node_factory) -> None:
     make_module(tmp_path / "mods", "alpha", timeout_ms=30000)
-    config = __import__("tests.support.mesh", fromlist=["FAST_CONFIG"]).FAST_CONFIG.replace("drain_timeout_s = 10", "drain_timeout_s = 0.5")
+    config = __import__("tests.support.mesh", fromlist=["FAST_CONFIG"]).FAST_CONFIG.replace(
+        "drain_timeout_s = 10", "drain_timeout_s = 0.5"
+    )
     node = node_factory(tmp_path / "mods", config=config)
     nc = await client(node.bus_url())
     await wait_state(nc, node.name, "alpha/tools", "ready")

@@ -17,7 +17,14 @@ import pytest
 
 from manifests import load_module
 from tests.support.call_contract import (
-    CALLER, CallContractTests, Wire, check_cancel, check_caller, check_progress, expected, serving,
+    CALLER,
+    CallContractTests,
+    Wire,
+    check_caller,
+    check_cancel,
+    check_progress,
+    expected,
+    serving,
 )
 from tests.support.stdio_client import StdioClient
 from toolchains.base import BuildContext, BuildFailed, ToolchainMissing
@@ -36,8 +43,13 @@ def build(module_dir: Path, work: Path, repo_root: Path = REPO) -> tuple[Path, A
     stage = work / "stage"
     stage.mkdir(parents=True)
     ctx = BuildContext(
-        module=module, bundle=bundle, source_dir=module.source_dir(bundle), stage_dir=stage,
-        cache_dir=work / "cache", repo_root=repo_root, log=lambda _: None,
+        module=module,
+        bundle=bundle,
+        source_dir=module.source_dir(bundle),
+        stage_dir=stage,
+        cache_dir=work / "cache",
+        repo_root=repo_root,
+        log=lambda _: None,
     )
     return stage, TOOLCHAIN.build(ctx)
 
@@ -131,7 +143,9 @@ def test_missing_jansson_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize("revision", REVISIONS)
 def test_initialize_answers_the_clients_revision(stage: Path, revision: str) -> None:
     with StdioClient([str(stage / "bin" / "hello-c")], cwd=stage) as c:
-        result = c.request("initialize", {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+        result = c.request(
+            "initialize", {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        )
         assert result["protocolVersion"] == revision
         assert result["capabilities"] == {"tools": {"listChanged": False}}
         assert result["serverInfo"] == {"name": "hello-c", "version": "0.1.0"}
@@ -174,7 +188,10 @@ def test_protocol_errors(client: StdioClient) -> None:
     bad_args = {"id": 4, "method": "tools/call", "params": {"name": "greet", "arguments": [1]}}
     assert rpc(client, bad_args)["error"]["code"] == -32602
     # Notifications are never answered: the next line read is the ping's reply.
-    send_raw(client, json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}).encode())
+    send_raw(
+        client,
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}}).encode(),
+    )
     send_raw(client, json.dumps({"jsonrpc": "2.0", "method": "no/such/notification"}).encode())
     assert rpc(client, {"id": "p", "method": "ping"}) == {"jsonrpc": "2.0", "id": "p", "result": {}}
 
@@ -188,7 +205,12 @@ def test_one_mebibyte_argument(client: StdioClient) -> None:
 def test_many_requests_in_flight_are_answered_by_id(client: StdioClient) -> None:
     ids = list(range(100, 120))
     for i in ids:  # all written before any reply is read
-        msg = {"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "greet", "arguments": {"name": f"n{i}"}}}
+        msg = {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "tools/call",
+            "params": {"name": "greet", "arguments": {"name": f"n{i}"}},
+        }
         send_raw(client, json.dumps(msg).encode())
     replies = {r["id"]: r for r in (read_reply(client) for _ in ids)}
     assert sorted(replies) == ids
@@ -388,8 +410,13 @@ def valgrind_argv(binary: Path, log: Path) -> list[str]:
     if valgrind is None:
         pytest.fail("valgrind is not installed: apt-get install valgrind")
     return [
-        valgrind, "--leak-check=full", "--show-leak-kinds=all", "--errors-for-leak-kinds=all",
-        "--error-exitcode=99", f"--log-file={log}", str(binary),
+        valgrind,
+        "--leak-check=full",
+        "--show-leak-kinds=all",
+        "--errors-for-leak-kinds=all",
+        "--error-exitcode=99",
+        f"--log-file={log}",
+        str(binary),
     ]
 
 
@@ -403,7 +430,9 @@ def assert_clean(code: int, log: Path) -> None:
 @pytest.mark.slow
 def test_a_session_under_valgrind_is_clean(stage: Path, tmp_path: Path) -> None:
     log = tmp_path / "valgrind.log"
-    with StdioClient(valgrind_argv(stage / "bin" / "hello-c", log), cwd=stage, env={"MESH_DATA_DIR": str(tmp_path / "data")}) as c:
+    with StdioClient(
+        valgrind_argv(stage / "bin" / "hello-c", log), cwd=stage, env={"MESH_DATA_DIR": str(tmp_path / "data")}
+    ) as c:
         c.initialize()
         c.list_tools()
         assert c.call("greet", {"name": "Ada"})["isError"] is False

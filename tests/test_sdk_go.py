@@ -42,8 +42,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
     stage = built[0]
     env = {
-        "MESH_NODE": "test-node", "MESH_MODULE": "hello-go", "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(tmp_path / "data" / "hello-go"),
+        "MESH_NODE": "test-node",
+        "MESH_MODULE": "hello-go",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage),
+        "MESH_DATA_DIR": str(tmp_path / "data" / "hello-go"),
     }
     client = StdioClient([str(stage / "bin" / "hello-go")], cwd=stage, env=env)
     yield client

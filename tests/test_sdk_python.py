@@ -71,14 +71,26 @@ class RawChild:
         return json.loads(line)
 
     def initialize(self, version: str = "2025-11-25") -> dict[str, Any]:
-        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}})
+        self.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": version,
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            }
+        )
         reply = self.read()
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return reply
 
     def call(self, id: int, name: str, arguments: dict[str, Any]) -> None:
-        self.send({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+        self.send(
+            {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+        )
 
     def close(self) -> float:
         """Close stdin; return how long the child took to exit."""
@@ -170,7 +182,7 @@ def test_twenty_calls_in_flight_answered_by_id(tmp_path: Path) -> None:
 # --- the SDK under load: slow calls, cancellation, stdin closing ----------------------------
 
 SLOW_BUNDLE = textwrap.dedent(
-    '''
+    """
     import time
     import anyio
     from mesh_sdk import Server, ToolError
@@ -192,7 +204,7 @@ SLOW_BUNDLE = textwrap.dedent(
         raise ToolError("no, and here is why")
 
     server.run()
-    '''
+    """
 )
 
 
@@ -220,7 +232,9 @@ def test_slow_calls_do_not_hold_up_others(slow_child: RawChild) -> None:
 def test_cancelled_call_gets_no_reply_and_the_child_goes_on(slow_child: RawChild) -> None:
     slow_child.call(1, "nap", {"seconds": 30})
     time.sleep(0.3)
-    slow_child.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "timeout"}})
+    slow_child.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1, "reason": "timeout"}}
+    )
     slow_child.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
     assert slow_child.read() == {"jsonrpc": "2.0", "id": 2, "result": {}}
 
@@ -346,15 +360,23 @@ def test_staged_bundle_runs_on_its_vendored_packages(
     # Without site-packages (-S) the only place mesh_sdk and mcp can come from is _vendor.
     probe = "import mesh_sdk, mcp; print(mesh_sdk.__file__); print(mcp.__file__)"
     run = subprocess.run(
-        [sys.executable, "-S", "-c", probe], cwd=stage, env={"PATH": os.environ["PATH"], **env},
-        capture_output=True, text=True, check=True,
+        [sys.executable, "-S", "-c", probe],
+        cwd=stage,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for line in run.stdout.split():
         assert Path(line).is_relative_to(vendor), line
     # As the runtime runs it (site-packages on), _vendor still comes first.
     run = subprocess.run(
-        [sys.executable, "-c", probe], cwd=stage, env={"PATH": os.environ["PATH"], **env},
-        capture_output=True, text=True, check=True,
+        [sys.executable, "-c", probe],
+        cwd=stage,
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for line in run.stdout.split():
         assert Path(line).is_relative_to(vendor), line

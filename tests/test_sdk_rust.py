@@ -48,8 +48,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
     stage = built[0]
     env = {
-        "MESH_NODE": "test-node", "MESH_MODULE": "hello-rust", "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(tmp_path / "data" / "hello-rust"),
+        "MESH_NODE": "test-node",
+        "MESH_MODULE": "hello-rust",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage),
+        "MESH_DATA_DIR": str(tmp_path / "data" / "hello-rust"),
     }
     client = StdioClient([str(stage / "bin" / "hello-rust")], cwd=stage, env=env)
     yield client
@@ -116,7 +119,11 @@ def _cargo(*args: str) -> None:
     env = dict(os.environ, CARGO_TARGET_DIR=str(SDK_TARGET))
     proc = subprocess.run(
         ["cargo", *args, "--locked", "-j", str(JOBS), "--color", "never"],
-        cwd=REPO / "sdk" / "rust", env=env, capture_output=True, text=True, timeout=1800,
+        cwd=REPO / "sdk" / "rust",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 

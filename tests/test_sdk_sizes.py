@@ -59,6 +59,10 @@ def test_rust_inline_test_modules_are_left_out() -> None:
 
 
 def test_tests_and_build_outputs_are_not_counted() -> None:
-    files = {str(p.relative_to(REPO)) for lang in ("go", "typescript", "python") for p in _script().source_files(REPO / "sdk" / lang, lang)}
+    files = {
+        str(p.relative_to(REPO))
+        for lang in ("go", "typescript", "python")
+        for p in _script().source_files(REPO / "sdk" / lang, lang)
+    }
     assert not any(f.endswith("_test.go") or "/node_modules/" in f or "/dist/" in f or "/test/" in f for f in files)
     assert "sdk/go/meshsdk.go" in files

@@ -54,8 +54,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 
 def _env(stage: Path, data_dir: Path) -> dict[str, str]:
     return {
-        "MESH_NODE": "test-node", "MESH_MODULE": "hello-typescript", "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(data_dir),
+        "MESH_NODE": "test-node",
+        "MESH_MODULE": "hello-typescript",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage),
+        "MESH_DATA_DIR": str(data_dir),
     }
 
 
@@ -120,8 +123,15 @@ def test_many_calls_in_flight(child: StdioClient) -> None:
 
 def test_without_facts_says_so_in_one_line(built: tuple[Path, BuildOutput, Path]) -> None:
     stage = built[0]
-    proc = subprocess.run(["node", "dist/main.js"], cwd=stage, env={"PATH": os.environ["PATH"]},
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["node", "dist/main.js"],
+        cwd=stage,
+        env={"PATH": os.environ["PATH"]},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "MESH_DATA_DIR" in proc.stderr and "    at " not in proc.stderr
 
@@ -132,7 +142,10 @@ def sdk_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require(TOOLCHAIN)
     copy = tmp_path_factory.mktemp("ts-sdk") / "sdk"
     shutil.copytree(SDK_DIR, copy, ignore=shutil.ignore_patterns("node_modules", "dist"))
-    for command in (["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
+    for command in (
+        ["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"],
+        ["npm", "run", "build"],
+    ):
         proc = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return copy

@@ -207,7 +207,9 @@ def test_paths_with_blanks_and_percent_survive_systemds_parser(tmp_path: Path) -
     program.parent.mkdir()
     program.write_text("#!/bin/sh\nexec sleep 60\n")
     program.chmod(0o755)
-    paths = service_units([from_source(load_module(module))], node="n", state_dir=tmp_path / "s", out_dir=tmp_path / "u")
+    paths = service_units(
+        [from_source(load_module(module))], node="n", state_dir=tmp_path / "s", out_dir=tmp_path / "u"
+    )
     s = dict(settings(paths[0].read_text()))
     assert s["ExecStart"] == f'"{tmp_path}/odd dir 100%%/svc/src/bin/run me"'
     assert s["WorkingDirectory"] == f"{tmp_path}/odd dir 100%%/svc/src"
@@ -242,9 +244,7 @@ def test_a_module_without_service_bundles_writes_nothing() -> None:
 def test_a_compiled_service_is_built_from_source_into_the_state_folder(tmp_path: Path) -> None:
     module = tmp_path / "csvc"
     (module / "src").mkdir(parents=True)
-    (module / "src" / "main.c").write_text(
-        "#include <unistd.h>\nint main(void) { for (;;) pause(); return 0; }\n"
-    )
+    (module / "src" / "main.c").write_text("#include <unistd.h>\nint main(void) { for (;;) pause(); return 0; }\n")
     (module / "module.toml").write_text(
         'name = "csvc"\nversion = "0.1.0"\n\n[[bundle]]\nname = "daemon"\nkind = "service"\n'
         'language = "c"\nsource = "src"\nentry = ["bin/daemon"]\n'
@@ -270,7 +270,9 @@ def test_a_compiled_service_is_built_from_source_into_the_state_folder(tmp_path:
 
 def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
     out = tmp_path / "units"
-    paths = service_units([from_source(load_module(service_module(tmp_path)))], node="n", state_dir="/var/lib/mesh-node", out_dir=out)
+    paths = service_units(
+        [from_source(load_module(service_module(tmp_path)))], node="n", state_dir="/var/lib/mesh-node", out_dir=out
+    )
     s = dict(settings(paths[0].read_text()))
     assert s["StateDirectory"] == "mesh-node/data/svc"  # systemd makes it, owned by User=
     node = out / NODE_UNIT
@@ -278,7 +280,9 @@ def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
     verify(node, *paths)
 
 
-def test_meshctl_node_units_writes_the_units_of_a_manifests_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_meshctl_node_units_writes_the_units_of_a_manifests_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from runtime.meshctl.cli import main
 
     manifests = tmp_path / "modules"

@@ -140,7 +140,7 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
         if not NAME_RE.match(value):
             return f"bundle.json {field} {value!r} is not a name ([a-z][a-z0-9-]{{0,62}})"
     if not meta.version or "/" in meta.version or meta.version in (".", ".."):
-        return f"bundle.json version {meta.version!r} is not a version string such as \"0.1.0\""
+        return f'bundle.json version {meta.version!r} is not a version string such as "0.1.0"'
     if not meta.entry or not all(isinstance(a, str) and a for a in meta.entry):
         return "bundle.json entry must be a non-empty list of non-empty strings (argv)"
     for name in meta.env:
@@ -150,7 +150,7 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
         return "bundle.json must give both os and arch, or neither"
     for field, platform in (("os", meta.os), ("arch", meta.arch)):
         if platform is not None and not _PLATFORM_RE.match(platform):
-            return f"bundle.json {field} {platform!r} is not a platform name such as \"linux\" or \"amd64\""
+            return f'bundle.json {field} {platform!r} is not a platform name such as "linux" or "amd64"'
     for path, digest in meta.files.items():
         if (why := _path_problem(path)) or (why := _reserved(path)):
             return f"bundle.json lists file {path!r}: {why}"
@@ -311,7 +311,9 @@ def _scan_stage(stage_dir: Path) -> tuple[dict[str, str], dict[str, str], list[s
                 if st.st_mode & 0o111:
                     executable.append(rel)
             else:
-                raise PackRefused(stage_dir, f"{rel} is a {_kind_of(st.st_mode)}; a bundle holds only files and symlinks")
+                raise PackRefused(
+                    stage_dir, f"{rel} is a {_kind_of(st.st_mode)}; a bundle holds only files and symlinks"
+                )
 
     walk(stage_dir, "")
     return files, links, sorted(executable)
@@ -460,7 +462,11 @@ def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: ArtifactMet
 
 def _write_member(
     refuse: Callable[[str], ArtifactRefused],
-    tar: tarfile.TarFile, member: tarfile.TarInfo, work: Path, expected: str, mode: int
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    work: Path,
+    expected: str,
+    mode: int,
 ) -> None:
     target = work / member.name
     # No listed path lies under a listed link (checked in bundle.json), so these folders are real.

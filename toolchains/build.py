@@ -196,7 +196,9 @@ def _check_entry(module: str, bundle: BundleManifest, stage_dir: Path) -> None:
     if not path.is_file():
         raise EntryMissing(module, bundle, f"names {entry0!r}, which the {bundle.language} build did not stage")
     if not os.access(path, os.X_OK):
-        raise EntryMissing(module, bundle, f"names {entry0!r}, which the {bundle.language} build staged without the executable bit")
+        raise EntryMissing(
+            module, bundle, f"names {entry0!r}, which the {bundle.language} build staged without the executable bit"
+        )
 
 
 def _shown(path: Path) -> str:

@@ -37,7 +37,9 @@ class CToolchain:
         probe = _run_quiet([COMPILER, "-E", "-x", "c", "-", "-o", os.devnull], stdin="#include <jansson.h>\n")
         archive = _run_quiet([COMPILER, "-print-file-name=libjansson.a"]).stdout.strip()
         if probe.returncode != 0 or not os.path.isabs(archive):
-            raise ToolchainMissing(self.language, "jansson (jansson.h, libjansson.a)", f"apt-get install {JSON_PACKAGE}")
+            raise ToolchainMissing(
+                self.language, "jansson (jansson.h, libjansson.a)", f"apt-get install {JSON_PACKAGE}"
+            )
 
     def build(self, ctx: BuildContext) -> BuildOutput:
         self.check()
@@ -52,7 +54,9 @@ class CToolchain:
         # (file, where its folder is mapped to in the binary): the bundle's own at ".", the SDK at "sdk/c".
         units = [(source / rel, source, ".") for rel in own]
         units += [(p, sdk, "sdk/c") for p in sorted(sdk.glob("*.c"))]
-        ctx.log(f"c: compiling {len(units)} files ({len(own)} of the bundle, {len(units) - len(own)} of the SDK) for linux/{arch}")
+        ctx.log(
+            f"c: compiling {len(units)} files ({len(own)} of the bundle, {len(units) - len(own)} of the SDK) for linux/{arch}"
+        )
 
         ctx.cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="c-build-") as scratch:
@@ -63,11 +67,17 @@ class CToolchain:
                 _compile(
                     bundle,
                     [
-                        COMPILER, *CFLAGS,
-                        f"-ffile-prefix-map={source}=.", f"-ffile-prefix-map={sdk}=sdk/c",
+                        COMPILER,
+                        *CFLAGS,
+                        f"-ffile-prefix-map={source}=.",
+                        f"-ffile-prefix-map={sdk}=sdk/c",
                         f"-frandom-seed={name}",  # names gcc would otherwise randomise
-                        f"-I{sdk}", f"-I{source}",
-                        "-c", str(path), "-o", obj,
+                        f"-I{sdk}",
+                        f"-I{source}",
+                        "-c",
+                        str(path),
+                        "-o",
+                        obj,
                     ],
                 )
                 objects.append(obj)
@@ -91,8 +101,10 @@ def _entry_path(ctx: BuildContext) -> Path:
     rel = PurePosixPath(entry)
     if not entry or rel.is_absolute() or ".." in rel.parts or rel.name in ("", "."):
         raise BuildFailed(
-            "c", ctx.bundle.name, [],
-            f"entry[0] {entry!r} must name the binary by a path inside the bundle, e.g. \"bin/{ctx.module.module.name}\"",
+            "c",
+            ctx.bundle.name,
+            [],
+            f'entry[0] {entry!r} must name the binary by a path inside the bundle, e.g. "bin/{ctx.module.module.name}"',
         )
     return ctx.stage_dir / rel
 
@@ -102,7 +114,12 @@ def _arch(bundle: str) -> str:
     triple = _run_quiet([COMPILER, "-dumpmachine"]).stdout.strip()  # e.g. x86_64-linux-gnu
     cpu = triple.split("-", 1)[0]
     if cpu not in ARCHES or "linux" not in triple:
-        raise BuildFailed("c", bundle, [COMPILER, "-dumpmachine"], f"gcc targets {triple!r}; bundles are built for linux on {', '.join(ARCHES)}")
+        raise BuildFailed(
+            "c",
+            bundle,
+            [COMPILER, "-dumpmachine"],
+            f"gcc targets {triple!r}; bundles are built for linux on {', '.join(ARCHES)}",
+        )
     return ARCHES[cpu]
 
 

@@ -39,7 +39,9 @@ class GoToolchain:
         self.check()
         if not (ctx.source_dir / "go.mod").is_file():
             raise BuildFailed(
-                self.language, ctx.bundle.name, ["go", "build"],
+                self.language,
+                ctx.bundle.name,
+                ["go", "build"],
                 f"{ctx.source_dir} has no go.mod; a Go bundle's source is a module with a main package",
             )
         binary = _entry_path(ctx)
@@ -47,8 +49,14 @@ class GoToolchain:
         arch = _run(ctx, ["go", "env", "GOARCH"], env).strip()
         binary.parent.mkdir(parents=True, exist_ok=True)
         command = [
-            "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=",
-            "-o", str(binary), ".",
+            "go",
+            "build",
+            "-trimpath",
+            "-buildvcs=false",
+            "-ldflags=-s -w -buildid=",
+            "-o",
+            str(binary),
+            ".",
         ]
         ctx.log(f"go: building bundle {ctx.bundle.name!r} -> {binary.relative_to(ctx.stage_dir)} (linux/{arch})")
         _run(ctx, command, env)
@@ -60,8 +68,10 @@ def _entry_path(ctx: BuildContext) -> Path:
     entry = PurePosixPath(ctx.bundle.entry[0])
     if entry.is_absolute() or ".." in entry.parts or entry.name in ("", "."):
         raise BuildFailed(
-            "go", ctx.bundle.name, ["go", "build"],
-            f"entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, e.g. \"bin/{ctx.module.module.name}\"",
+            "go",
+            ctx.bundle.name,
+            ["go", "build"],
+            f'entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, e.g. "bin/{ctx.module.module.name}"',
         )
     return ctx.stage_dir / entry
 

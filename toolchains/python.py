@@ -51,8 +51,12 @@ class PythonToolchain:
     def build(self, ctx: BuildContext) -> BuildOutput:
         self.check()
         if not ctx.source_dir.is_dir():
-            raise BuildFailed("python", ctx.bundle.name, ["copy", str(ctx.source_dir)],
-                              f"the bundle's source folder {ctx.source_dir} does not exist (manifest field `source`)")
+            raise BuildFailed(
+                "python",
+                ctx.bundle.name,
+                ["copy", str(ctx.source_dir)],
+                f"the bundle's source folder {ctx.source_dir} does not exist (manifest field `source`)",
+            )
         self._check_entry(ctx)
         _copy_source(ctx.source_dir, ctx.stage_dir)
         vendor = ctx.stage_dir.resolve() / VENDOR
@@ -75,7 +79,9 @@ class PythonToolchain:
         if entry[0] in ("python", "python3") and len(entry) > 1 and not entry[1].startswith("-"):
             if not (ctx.source_dir / entry[1]).is_file():
                 raise BuildFailed(
-                    "python", ctx.bundle.name, entry,
+                    "python",
+                    ctx.bundle.name,
+                    entry,
                     f"entry names {entry[1]!r}, which is not a file in the bundle's source {ctx.source_dir}",
                 )
 
@@ -93,12 +99,17 @@ class PythonToolchain:
         constraints = cache_dir / "python-constraints.txt"
         constraints.write_text(_constraints())
         return [
-            sys.executable, "-m", "pip", "install",
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
             "--no-compile",  # no .pyc: they embed timestamps and are rebuilt on the node anyway
             "--no-warn-script-location",
             "--disable-pip-version-check",
-            "--target", str(vendor),
-            "--constraint", str(constraints),
+            "--target",
+            str(vendor),
+            "--constraint",
+            str(constraints),
             *packages,
         ]
 

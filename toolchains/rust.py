@@ -52,14 +52,20 @@ class RustToolchain:
         cargo, host = self._tools()
         source = ctx.source_dir.resolve()
         name = _binary_name(ctx)
-        for needed, why in (("Cargo.toml", "a Rust bundle's source is a cargo package with a binary target"),
-                            ("Cargo.lock", "commit the lock file (`cargo generate-lockfile`) so builds are repeatable")):
+        for needed, why in (
+            ("Cargo.toml", "a Rust bundle's source is a cargo package with a binary target"),
+            ("Cargo.lock", "commit the lock file (`cargo generate-lockfile`) so builds are repeatable"),
+        ):
             if not (source / needed).is_file():
                 raise BuildFailed(LANGUAGE, ctx.bundle.name, [cargo, "build"], f"{source} has no {needed}; {why}")
         arch = ARCHES.get(host.split("-")[0])
         if arch is None or "-linux" not in host:
-            raise BuildFailed(LANGUAGE, ctx.bundle.name, [cargo, "build"],
-                              f"rustc builds for {host}; bundles run on linux amd64 or arm64 nodes")
+            raise BuildFailed(
+                LANGUAGE,
+                ctx.bundle.name,
+                [cargo, "build"],
+                f"rustc builds for {host}; bundles run on linux amd64 or arm64 nodes",
+            )
 
         # Each bundle has its own scratch workspace and target folder: builds of different
         # bundles then neither clash nor invalidate each other's compiled dependencies.
@@ -102,8 +108,11 @@ class RustToolchain:
             raise ToolchainMissing(LANGUAGE, "a working rustc (`rustc -vV` failed)", INSTALL_HINT)
         if (int(release[1]), int(release[2])) < MIN_RUST:
             found = f"{release[1]}.{release[2]}"
-            raise ToolchainMissing(LANGUAGE, f"rustc {MIN_RUST[0]}.{MIN_RUST[1]}+ (found {found})",
-                                   "`rustup update stable`, or " + INSTALL_HINT)
+            raise ToolchainMissing(
+                LANGUAGE,
+                f"rustc {MIN_RUST[0]}.{MIN_RUST[1]}+ (found {found})",
+                "`rustup update stable`, or " + INSTALL_HINT,
+            )
         return cargo, host[1]
 
 
@@ -125,9 +134,13 @@ def _binary_name(ctx: BuildContext) -> str:
     """The cargo binary target: the last part of entry[0], which names where the binary goes."""
     entry = PurePosixPath(ctx.bundle.entry[0])
     if entry.is_absolute() or ".." in entry.parts or entry.name in ("", "."):
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
-                          f"entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, "
-                          f"e.g. \"bin/{ctx.module.module.name}\"")
+        raise BuildFailed(
+            LANGUAGE,
+            ctx.bundle.name,
+            ["cargo", "build"],
+            f"entry[0] {ctx.bundle.entry[0]!r} must name the binary inside the bundle, "
+            f'e.g. "bin/{ctx.module.module.name}"',
+        )
     return entry.name
 
 
@@ -143,8 +156,9 @@ def _path_packages(ctx: BuildContext, package: Path) -> list[Path]:
         try:
             manifest = tomllib.loads((current / "Cargo.toml").read_text("utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
-                              f"cannot read {current / 'Cargo.toml'}: {e}") from None
+            raise BuildFailed(
+                LANGUAGE, ctx.bundle.name, ["cargo", "build"], f"cannot read {current / 'Cargo.toml'}: {e}"
+            ) from None
         tables = [manifest] + list(manifest.get("target", {}).values())
         for table in tables:
             for kind in ("dependencies", "build-dependencies", "dev-dependencies"):
@@ -159,8 +173,12 @@ def _mirror(ctx: BuildContext, source: Path, workspace: Path) -> tuple[Path, Pat
     places, and write a workspace root there; return (workspace, the bundle's copy)."""
     manifest = tomllib.loads((source / "Cargo.toml").read_text("utf-8"))
     if "workspace" in manifest:
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
-                          f"{source / 'Cargo.toml'} declares a [workspace]; a Rust bundle is one package: remove it")
+        raise BuildFailed(
+            LANGUAGE,
+            ctx.bundle.name,
+            ["cargo", "build"],
+            f"{source / 'Cargo.toml'} declares a [workspace]; a Rust bundle is one package: remove it",
+        )
     packages = _path_packages(ctx, source)
     base = Path(os.path.commonpath(packages))
     if base in packages:  # the workspace root needs its own folder above every package
@@ -169,11 +187,16 @@ def _mirror(ctx: BuildContext, source: Path, workspace: Path) -> tuple[Path, Pat
         shutil.rmtree(workspace)
     for package in packages:
         if not (package / "Cargo.toml").is_file():
-            raise BuildFailed(LANGUAGE, ctx.bundle.name, ["cargo", "build"],
-                              f"path dependency {package} has no Cargo.toml")
+            raise BuildFailed(
+                LANGUAGE, ctx.bundle.name, ["cargo", "build"], f"path dependency {package} has no Cargo.toml"
+            )
         # copy2 keeps modification times, so cargo does not recompile what did not change.
-        shutil.copytree(package, workspace / package.relative_to(base), dirs_exist_ok=True,
-                        ignore=lambda folder, names, top=package: _skipped(Path(folder), names, top))
+        shutil.copytree(
+            package,
+            workspace / package.relative_to(base),
+            dirs_exist_ok=True,
+            ignore=lambda folder, names, top=package: _skipped(Path(folder), names, top),
+        )
     member = source.relative_to(base).as_posix()
     # Path dependencies stay out of the membership, as in the bundle's own workspace, so the
     # committed Cargo.lock (which lists no dev-dependencies of theirs) fits as it is.

@@ -62,7 +62,9 @@ class TypeScriptToolchain:
         version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
         match = re.match(r"v(\d+)\.", version)
         if match is None or int(match.group(1)) < MIN_NODE:
-            raise ToolchainMissing(LANGUAGE, f"node {MIN_NODE} or newer (found {version or 'no version'})", INSTALL_HINT)
+            raise ToolchainMissing(
+                LANGUAGE, f"node {MIN_NODE} or newer (found {version or 'no version'})", INSTALL_HINT
+            )
 
     def build(self, ctx: BuildContext) -> BuildOutput:
         self.check()
@@ -96,13 +98,19 @@ def _entry_script(ctx: BuildContext) -> PurePosixPath:
     script = PurePosixPath(entry[1]) if len(entry) > 1 else None
     if entry[0] != "node" or script is None or script.is_absolute() or ".." in script.parts:
         raise BuildFailed(
-            LANGUAGE, ctx.bundle.name, ["entry"],
-            f"entry is {entry!r}; a TypeScript bundle's entry is [\"node\", \"<script inside the bundle>\"], "
-            "e.g. [\"node\", \"dist/main.js\"]",
+            LANGUAGE,
+            ctx.bundle.name,
+            ["entry"],
+            f'entry is {entry!r}; a TypeScript bundle\'s entry is ["node", "<script inside the bundle>"], '
+            'e.g. ["node", "dist/main.js"]',
         )
     if script.suffix not in (".js", ".mjs", ".cjs"):
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["entry"],
-                          f"entry script {str(script)!r} is not a .js, .mjs or .cjs file that tsc emits")
+        raise BuildFailed(
+            LANGUAGE,
+            ctx.bundle.name,
+            ["entry"],
+            f"entry script {str(script)!r} is not a .js, .mjs or .cjs file that tsc emits",
+        )
     return script
 
 
@@ -130,10 +138,12 @@ def _file_dependencies(ctx: BuildContext, package: Path) -> list[Path]:
         for name, spec in (manifest.get(field) or {}).items():
             if not isinstance(spec, str) or not spec.startswith("file:"):
                 continue
-            target = (package / spec[len("file:"):]).resolve()
+            target = (package / spec[len("file:") :]).resolve()
             if not (target / "package.json").is_file():
                 raise BuildFailed(
-                    LANGUAGE, ctx.bundle.name, ["npm", "ci"],
+                    LANGUAGE,
+                    ctx.bundle.name,
+                    ["npm", "ci"],
                     f"{package / 'package.json'}: {field}.{name} is {spec!r}, but {target} holds no package.json",
                 )
             found.append(target)
@@ -145,8 +155,12 @@ def _read_package_json(ctx: BuildContext, package: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, ["npm", "ci"],
-                          f"{path} is missing; a TypeScript bundle's source is an npm package") from None
+        raise BuildFailed(
+            LANGUAGE,
+            ctx.bundle.name,
+            ["npm", "ci"],
+            f"{path} is missing; a TypeScript bundle's source is an npm package",
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BuildFailed(LANGUAGE, ctx.bundle.name, ["npm", "ci"], f"{path} cannot be read as JSON: {e}") from None
     if not isinstance(data, dict):
@@ -181,7 +195,9 @@ def _sweep_stale_scratches(cache_dir: Path) -> None:
 def _install_and_compile(ctx: BuildContext, package: Path, shown: str) -> None:
     if not (package / "package-lock.json").is_file():
         raise BuildFailed(
-            LANGUAGE, ctx.bundle.name, ["npm", "ci"],
+            LANGUAGE,
+            ctx.bundle.name,
+            ["npm", "ci"],
             f"{shown} has no package-lock.json; run `npm install` there and commit the lock file "
             "(it pins every package, which a reproducible build needs)",
         )
@@ -209,13 +225,21 @@ def _module_format(entry: PurePosixPath, manifest: dict[str, Any]) -> str:
 def _pack(ctx: BuildContext, source: Path, entry: PurePosixPath, fmt: str) -> None:
     if not (source / entry).is_file():
         raise BuildFailed(
-            LANGUAGE, ctx.bundle.name, ["npm", "run", "build"],
+            LANGUAGE,
+            ctx.bundle.name,
+            ["npm", "run", "build"],
             f"the build did not produce {entry}, which the entry runs; check tsconfig's outDir and rootDir",
         )
     esbuild = _bin(ctx, source, "esbuild", "esbuild")
     command = [
-        str(esbuild), str(entry), "--bundle", "--platform=node", f"--format={fmt}", f"--target={NODE_TARGET}",
-        f"--outfile={PurePosixPath('.mesh-out') / entry}", "--log-level=warning",
+        str(esbuild),
+        str(entry),
+        "--bundle",
+        "--platform=node",
+        f"--format={fmt}",
+        f"--target={NODE_TARGET}",
+        f"--outfile={PurePosixPath('.mesh-out') / entry}",
+        "--log-level=warning",
     ]
     ctx.log(f"esbuild {entry} -> one file ({fmt}, {NODE_TARGET})")
     warnings = _run(ctx, command, source)
@@ -227,7 +251,9 @@ def _bin(ctx: BuildContext, package: Path, tool: str, npm_package: str) -> Path:
     path = package / "node_modules" / ".bin" / tool
     if not path.exists():
         raise BuildFailed(
-            LANGUAGE, ctx.bundle.name, [tool],
+            LANGUAGE,
+            ctx.bundle.name,
+            [tool],
             f"`{tool}` is not installed in the bundle's package; add it with `npm install --save-dev {npm_package}` "
             f"in {ctx.source_dir} and commit package.json and package-lock.json",
         )

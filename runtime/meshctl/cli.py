@@ -88,6 +88,7 @@ def cmd_node_run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
+
             async def signals() -> None:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
                     count = 0
@@ -144,13 +145,24 @@ def cmd_node_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"node {status['node']}  bus {status['url']}  pid {status['pid']}  up {status['uptime_s']:.0f} s  "
-          f"calls answered {status['answered']}, in flight {status['in_flight']}")
+    print(
+        f"node {status['node']}  bus {status['url']}  pid {status['pid']}  up {status['uptime_s']:.0f} s  "
+        f"calls answered {status['answered']}, in flight {status['in_flight']}"
+    )
     rows = [("BUNDLE", "LANGUAGE", "STATE", "PID", "RESTARTS", "TOOLS", "LAST ERROR")]
     for b in status["bundles"]:
         error = b["last_error"] or (b["last_exit"] if b["state"] != "ready" else "") or ""
-        rows.append((f"{b['module']}/{b['bundle']}", b["language"], b["state"], str(b["pid"] or "-"),
-                     str(b["restarts"]), str(len(b["tools"])), error))
+        rows.append(
+            (
+                f"{b['module']}/{b['bundle']}",
+                b["language"],
+                b["state"],
+                str(b["pid"] or "-"),
+                str(b["restarts"]),
+                str(len(b["tools"])),
+                error,
+            )
+        )
     _table(rows)
     for s in status["seats"]:
         print(f"seat {s['seat']}: {s['state']} by {s['module']}" + (f" ({s['reason']})" if s["reason"] else ""))
@@ -162,7 +174,9 @@ def cmd_node_status(args: argparse.Namespace) -> int:
 def cmd_node_restart(args: argparse.Namespace) -> int:
     cfg, found = client_config(args)
     name = _node_name(args, found)
-    msg = anyio.run(_request, cfg, f"mesh.node.{name}.restart", json.dumps({"bundle": args.bundle}).encode(), args.timeout)
+    msg = anyio.run(
+        _request, cfg, f"mesh.node.{name}.restart", json.dumps({"bundle": args.bundle}).encode(), args.timeout
+    )
     reply = json.loads(msg.data)
     if not reply.get("ok"):
         print(f"meshctl: {reply.get('error')}", file=sys.stderr)
@@ -264,7 +278,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
             meta = e.get("metadata") or {}
             seen.append((e["subject"], meta.get("kind", ""), meta.get("module", ""), meta.get("bundle", ""), node))
     if args.json:
-        print(json.dumps([dict(zip(("subject", "kind", "module", "bundle", "node"), r)) for r in sorted(seen)], indent=2))
+        print(
+            json.dumps([dict(zip(("subject", "kind", "module", "bundle", "node"), r)) for r in sorted(seen)], indent=2)
+        )
         return 0
     _table(rows + sorted(seen))
     print(f"{len(seen)} tools on {len(infos)} nodes")
@@ -323,7 +339,9 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
     async def run() -> None:
         async with _bus(cfg) as nc:
             membership = await remove(nc, args.modules, node)
-        print(f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}")
+        print(
+            f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}"
+        )
 
     anyio.run(run)
     return 0
@@ -377,10 +395,14 @@ def parser() -> argparse.ArgumentParser:
     unit.add_argument("--config", metavar="FILE", help="the node's TOML config file, passed on to `node run`")
     unit.add_argument("--manifests", metavar="DIR", help="serve every module folder under DIR, from source")
     unit.add_argument("--name", help="the node's name (default: from --config, else the host name at run time)")
-    unit.add_argument("--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})")
+    unit.add_argument(
+        "--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})"
+    )
     unit.add_argument("--user", help="run the node as this user (default root)")
     unit.add_argument("--meshctl", metavar="PATH", help="the meshctl to run (default: this one)")
-    unit.add_argument("--out", metavar="DIR", help="write DIR/mesh-node.service (e.g. /etc/systemd/system) instead of printing it")
+    unit.add_argument(
+        "--out", metavar="DIR", help="write DIR/mesh-node.service (e.g. /etc/systemd/system) instead of printing it"
+    )
     unit.set_defaults(func=cmd_node_unit)
 
     units = node_verbs.add_parser("units", help="a systemd unit per bundle of kind service (record 0188)")
@@ -388,7 +410,9 @@ def parser() -> argparse.ArgumentParser:
     units.add_argument("--manifests", metavar="DIR", help="the module folders (default: `manifests` of --config)")
     units.add_argument("--config", metavar="FILE", help="the node's TOML config file (name, state_dir, manifests)")
     units.add_argument("--name", help="the node's name, given to services as MESH_NODE (default: the host name)")
-    units.add_argument("--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})")
+    units.add_argument(
+        "--state-dir", metavar="DIR", help=f"the node's state folder (default: from --config, else {SYSTEM_STATE_DIR})"
+    )
     units.add_argument("--user", help="run the services as this user (default root)")
     units.set_defaults(func=cmd_node_units)
 
@@ -418,17 +442,27 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("modules", nargs="+", metavar="MODULE_DIR")
     build.add_argument("--out", default="out", help="where the .tar.gz artifacts go (default ./out)")
     build.set_defaults(func=cmd_bundle_build)
-    deliver = bundle_verbs.add_parser("deliver", help="put artifacts on the bus and make a node a member of their modules", parents=[bus])
+    deliver = bundle_verbs.add_parser(
+        "deliver", help="put artifacts on the bus and make a node a member of their modules", parents=[bus]
+    )
     deliver.add_argument("artifacts", nargs="+", metavar="ARTIFACT")
     deliver.add_argument("--node", help="the node that runs them (default: the local one)")
-    deliver.add_argument("--seat", action="append", help="hold only these seats (default: every seat the module declares)")
+    deliver.add_argument(
+        "--seat", action="append", help="hold only these seats (default: every seat the module declares)"
+    )
     deliver.set_defaults(func=cmd_bundle_deliver)
-    remove = bundle_verbs.add_parser("remove", help="end a node's membership of modules: it stops their bundles", parents=[bus])
+    remove = bundle_verbs.add_parser(
+        "remove", help="end a node's membership of modules: it stops their bundles", parents=[bus]
+    )
     remove.add_argument("modules", nargs="+", metavar="MODULE")
     remove.add_argument("--node", help="the node (default: the local one)")
     remove.set_defaults(func=cmd_bundle_remove)
-    smoke = verbs.add_parser("smoke", help="build, deliver and call every hello-<language> bundle on a fresh local node")
-    smoke.add_argument("--bundles", metavar="DIR", help="where the hello-* modules are (default: this checkout's bundles/)")
+    smoke = verbs.add_parser(
+        "smoke", help="build, deliver and call every hello-<language> bundle on a fresh local node"
+    )
+    smoke.add_argument(
+        "--bundles", metavar="DIR", help="where the hello-* modules are (default: this checkout's bundles/)"
+    )
     smoke.add_argument("--timeout", type=float, default=180.0, help="seconds for every tool to answer")
     smoke.add_argument("--keep", action="store_true", help="keep the work folder (artifacts, node state and log)")
     smoke.set_defaults(func=cmd_smoke)

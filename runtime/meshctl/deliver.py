@@ -88,7 +88,9 @@ async def deliver(
     membership = await _change_membership(kv, node, change)
     for module in modules:
         ref = membership.modules[module]
-        progress(f"node {node}: {module} {ref.version} ({', '.join(sorted(ref.bundles))}); seats: {', '.join(ref.seats) or 'none'}")
+        progress(
+            f"node {node}: {module} {ref.version} ({', '.join(sorted(ref.bundles))}); seats: {', '.join(ref.seats) or 'none'}"
+        )
     return membership
 
 
@@ -104,7 +106,9 @@ async def remove(nc: Client, modules: list[str], node: str) -> Membership:
 
     membership = await _change_membership(kv, node, change)
     if missing:
-        raise DeliveryError(f"node {node} is not a member of {', '.join(missing)}; it has {', '.join(membership.modules) or 'none'}")
+        raise DeliveryError(
+            f"node {node} is not a member of {', '.join(missing)}; it has {', '.join(membership.modules) or 'none'}"
+        )
     return membership
 
 

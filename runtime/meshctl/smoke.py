@@ -74,8 +74,19 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
     node_name = f"smoke-{os.getpid()}"
     state = work / "state"
     log_path = work / "node.log"
-    argv = [sys.executable, "-m", "runtime.meshctl", "node", "run", "--name", node_name, "--state-dir", str(state),
-            "--embedded-port", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "runtime.meshctl",
+        "node",
+        "run",
+        "--name",
+        node_name,
+        "--state-dir",
+        str(state),
+        "--embedded-port",
+        "0",
+    ]
     _print(f"smoke: starting node {node_name} on an embedded bus (log: {log_path})")
     node = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
     try:
@@ -93,8 +104,15 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
             _print(f"smoke: kept {work}")
 
 
-async def _deliver_and_call(node: subprocess.Popen[bytes], node_name: str, state: Path, modules: list[Path], artifacts: dict[str, list[Path]],
-                            failures: dict[str, str], timeout: float) -> int:
+async def _deliver_and_call(
+    node: subprocess.Popen[bytes],
+    node_name: str,
+    state: Path,
+    modules: list[Path],
+    artifacts: dict[str, list[Path]],
+    failures: dict[str, str],
+    timeout: float,
+) -> int:
     deadline = time.monotonic() + 30
     info = None
     while time.monotonic() < deadline and info is None:

@@ -103,7 +103,9 @@ def path_value(path: str) -> str:
     """A path for a setting that takes one path as is (WorkingDirectory=): no quotes are
     removed there, only `%` is special, and surrounding whitespace would be stripped."""
     if not os.path.isabs(path) or path != path.strip() or not path.isprintable():
-        raise UnitError(f"{path!r} cannot be a unit's path: write an absolute path without control characters or surrounding blanks")
+        raise UnitError(
+            f"{path!r} cannot be a unit's path: write an absolute path without control characters or surrounding blanks"
+        )
     return path.replace("%", "%%")
 
 
@@ -193,8 +195,14 @@ def node_unit(
     )
     return _render(
         [
-            ("Unit", [("Description", "mesh node tool runtime"), ("Wants", "network-online.target"),
-                      ("After", "network-online.target")]),
+            (
+                "Unit",
+                [
+                    ("Description", "mesh node tool runtime"),
+                    ("Wants", "network-online.target"),
+                    ("After", "network-online.target"),
+                ],
+            ),
             ("Service", service),
             ("Install", [("WantedBy", "multi-user.target")]),
         ],
@@ -223,7 +231,9 @@ def resolve_entry(module: str, bundle: str, entry: Sequence[str], bundle_dir: Pa
     if first == "node":
         found = shutil.which("node")
         if found is None:
-            raise UnitError(f"bundle {module}/{bundle}: its entry runs `node`, which is not installed: apt-get install nodejs")
+            raise UnitError(
+                f"bundle {module}/{bundle}: its entry runs `node`, which is not installed: apt-get install nodejs"
+            )
         return [os.path.abspath(found), *rest]
     program = (bundle_dir / first).absolute()
     if bundle_dir.absolute() not in program.parents:
@@ -292,8 +302,14 @@ def service_unit(
     )
     return _render(
         [
-            ("Unit", [("Description", f"mesh service {module.name}/{spec.name}"),
-                      ("Wants", "network-online.target"), ("After", "network-online.target")]),
+            (
+                "Unit",
+                [
+                    ("Description", f"mesh service {module.name}/{spec.name}"),
+                    ("Wants", "network-online.target"),
+                    ("After", "network-online.target"),
+                ],
+            ),
             ("Service", service),
             ("Install", [("WantedBy", "multi-user.target")]),
         ],
@@ -327,7 +343,9 @@ def service_units(
                 raise UnitError(f"bundle {module.name}/{spec.name}: no folder given for it")
             name = unit_name(module.name, spec.name)
             if name in owners:  # "a-b"/"c" and "a"/"b-c" meet in one name
-                raise UnitError(f"bundles {owners[name]} and {module.name}/{spec.name} would both be {name}; rename one")
+                raise UnitError(
+                    f"bundles {owners[name]} and {module.name}/{spec.name} would both be {name}; rename one"
+                )
             owners[name] = f"{module.name}/{spec.name}"
             text = service_unit(placement, spec.name, node=node, state_dir=state, user=user)
             rendered.append((name, text, state / "data" / module.name))
@@ -341,7 +359,9 @@ def service_units(
                     shutil.chown(data_dir, user)  # the service runs as `user` and writes there
         return [_write(out / name, text) for name, text, _ in rendered]
     except LookupError:
-        raise UnitError(f"user {user!r} does not exist on this machine; create it or name another with --user") from None
+        raise UnitError(
+            f"user {user!r} does not exist on this machine; create it or name another with --user"
+        ) from None
     except OSError as e:
         raise UnitError(f"cannot write units: {e.filename}: {e.strerror}") from None
 

@@ -47,7 +47,11 @@ TOOLS = [
     {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
     {"name": "remember", "description": "Store or read a value in MESH_DATA_DIR", "inputSchema": {"type": "object"}},
     {"name": "version", "description": "RAW_VERSION of this child", "inputSchema": {"type": "object"}},
-    {"name": "mirror", "description": "The arguments once, with their size and hash", "inputSchema": {"type": "object"}},
+    {
+        "name": "mirror",
+        "description": "The arguments once, with their size and hash",
+        "inputSchema": {"type": "object"},
+    },
     {"name": "whoami", "description": "The node and pid serving this call", "inputSchema": {"type": "object"}},
     {
         "name": "trickle",

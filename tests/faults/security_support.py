@@ -44,11 +44,14 @@ class ConfiguredServer:
 
     def start(self) -> ConfiguredServer:
         # -t checks the config first, so a config mistake is named instead of a port that never opens.
-        check = subprocess.run([nats_server_binary(), "-c", str(self.config), "-t"], capture_output=True, text=True, timeout=20)
+        check = subprocess.run(
+            [nats_server_binary(), "-c", str(self.config), "-t"], capture_output=True, text=True, timeout=20
+        )
         if check.returncode != 0:
             raise AssertionError(f"nats-server rejects {self.config}:\n{check.stdout}{check.stderr}")
-        self.proc = subprocess.Popen([nats_server_binary(), "-c", str(self.config)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log_path, "ab"))
+        self.proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(self.config)], stdout=subprocess.DEVNULL, stderr=open(self.log_path, "ab")
+        )
         try:
             wait_port(self.port)
         except TimeoutError:
@@ -75,13 +78,17 @@ def node_config(nats: dict[str, str], *, top: dict[str, object] | None = None) -
     return f"{head}{FAST_CONFIG}\n[nats]\n{table}"
 
 
-def meshctl(*args: str, env: dict[str, str] | None = None, timeout: float = MESHCTL_LIMIT_S) -> subprocess.CompletedProcess[str]:
+def meshctl(
+    *args: str, env: dict[str, str] | None = None, timeout: float = MESHCTL_LIMIT_S
+) -> subprocess.CompletedProcess[str]:
     """Run meshctl; it must end by itself within `timeout` (a hang fails the test, naming the verb)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MESH_NATS_")}
     full_env.update(env or {})
     started = time.monotonic()
     try:
-        return subprocess.run([*MESHCTL, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*MESHCTL, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as e:
         raise AssertionError(
             f"meshctl {' '.join(args)} hung: still running after {time.monotonic() - started:.0f} s; "
@@ -149,18 +156,48 @@ def operator_chain(folder: Path) -> OperatorChain:
     sys_seed, sys_pub = new_nkey(nkeys.PREFIX_BYTE_ACCOUNT)
     acc_seed, acc_pub = new_nkey(nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed, user_pub = new_nkey(nkeys.PREFIX_BYTE_USER)
-    unlimited = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1, "wildcards": True,
-                 "conn": -1, "leaf": -1}
-    operator = encode_jwt({"iss": op_pub, "sub": op_pub, "name": "mesh-test-operator",
-                           "nats": {"system_account": sys_pub, "type": "operator", "version": 2}}, op_seed)
-    system = encode_jwt({"iss": op_pub, "sub": sys_pub, "name": "SYS",
-                         "nats": {"limits": unlimited, "type": "account", "version": 2}}, op_seed)
+    unlimited = {
+        "subs": -1,
+        "data": -1,
+        "payload": -1,
+        "imports": -1,
+        "exports": -1,
+        "wildcards": True,
+        "conn": -1,
+        "leaf": -1,
+    }
+    operator = encode_jwt(
+        {
+            "iss": op_pub,
+            "sub": op_pub,
+            "name": "mesh-test-operator",
+            "nats": {"system_account": sys_pub, "type": "operator", "version": 2},
+        },
+        op_seed,
+    )
+    system = encode_jwt(
+        {"iss": op_pub, "sub": sys_pub, "name": "SYS", "nats": {"limits": unlimited, "type": "account", "version": 2}},
+        op_seed,
+    )
     jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
-    account = encode_jwt({"iss": op_pub, "sub": acc_pub, "name": "MESH",
-                          "nats": {"limits": {**unlimited, **jetstream}, "type": "account", "version": 2}}, op_seed)
-    user = encode_jwt({"iss": acc_pub, "sub": user_pub, "name": "node",
-                       "nats": {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
-                                "type": "user", "version": 2}}, acc_seed)
+    account = encode_jwt(
+        {
+            "iss": op_pub,
+            "sub": acc_pub,
+            "name": "MESH",
+            "nats": {"limits": {**unlimited, **jetstream}, "type": "account", "version": 2},
+        },
+        op_seed,
+    )
+    user = encode_jwt(
+        {
+            "iss": acc_pub,
+            "sub": user_pub,
+            "name": "node",
+            "nats": {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2},
+        },
+        acc_seed,
+    )
     del sys_seed  # nobody signs as the system account here
     folder.mkdir(parents=True, exist_ok=True)
     creds = folder / "node.creds"
@@ -199,8 +236,11 @@ def make_tls(folder: Path) -> TlsFiles:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         path.chmod(0o600)
         return path
 
@@ -210,23 +250,44 @@ def make_tls(folder: Path) -> TlsFiles:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (
-        x509.CertificateBuilder().subject_name(name("mesh test CA")).issuer_name(name("mesh test CA"))
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(name("mesh test CA"))
+        .issuer_name(name("mesh test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(cn: str, usage: x509.ObjectIdentifier, san: list[x509.GeneralName]) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def leaf(
+        cn: str, usage: x509.ObjectIdentifier, san: list[x509.GeneralName]
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (
-            x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(san), critical=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -235,8 +296,11 @@ def make_tls(folder: Path) -> TlsFiles:
         )
         return cert, key
 
-    server_cert, server_key = leaf("127.0.0.1", ExtendedKeyUsageOID.SERVER_AUTH,
-                                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    server_cert, server_key = leaf(
+        "127.0.0.1",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
+    )
     client_cert, client_key = leaf("mesh-node", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("mesh-node")])
     return TlsFiles(
         ca=write_cert(ca_cert, folder / "ca.pem"),

@@ -144,7 +144,9 @@ async def test_manifest_folder_with_mistakes_the_node_starts_and_names_each(tmp_
     (mods / "no-manifest").mkdir()  # not a module folder at all: ignored
     # A valid manifest whose entry does not exist: it loads, then its bundle cannot start.
     gone = make_module(mods, "gone")
-    (gone / "module.toml").write_text((gone / "module.toml").read_text().replace('["python", "raw_child.py"]', '["./missing"]'))
+    (gone / "module.toml").write_text(
+        (gone / "module.toml").read_text().replace('["python", "raw_child.py"]', '["./missing"]')
+    )
 
     node = node_factory(mods)
     nc = await client(node.bus_url())

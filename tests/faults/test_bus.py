@@ -203,8 +203,14 @@ async def test_two_nodes_serving_one_module_one_killed_calls_go_on(tmp_path: Pat
 async def test_cluster_server_killed_under_a_node_calls_go_on(tmp_path: Path, servers, node_factory) -> None:
     ports, cports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     s1, s2, s3 = (
-        servers(f"s{k + 1}", run=False, port=ports[k], jetstream=False, cluster_port=cports[k],
-                routes=[p for j, p in enumerate(cports) if j != k])
+        servers(
+            f"s{k + 1}",
+            run=False,
+            port=ports[k],
+            jetstream=False,
+            cluster_port=cports[k],
+            routes=[p for j, p in enumerate(cports) if j != k],
+        )
         for k in range(3)
     )
     # Node A is given all three URLs while only s1 runs, so it is on s1; then the cluster forms.

@@ -139,7 +139,8 @@ async def test_child_exiting_at_start_backs_off_then_fails_then_meshctl_restart_
 ) -> None:
     ok_file, starts = tmp_path / "fixed", tmp_path / "starts.log"
     make_module(
-        tmp_path / "mods", "broken",
+        tmp_path / "mods",
+        "broken",
         env={"RAW_MODE": "exit_at_start", "RAW_OK_FILE": str(ok_file), "RAW_START_LOG": str(starts)},
     )
     make_module(tmp_path / "mods", "good")
@@ -177,7 +178,9 @@ async def test_child_exiting_at_start_backs_off_then_fails_then_meshctl_restart_
 
     # Fixed by the operator, then restarted with the CLI: it serves again.
     ok_file.write_text("ok")
-    done = await asyncio.to_thread(meshctl, "node", "restart", "broken/tools", "--nats", node.bus_url(), "--name", node.name)
+    done = await asyncio.to_thread(
+        meshctl, "node", "restart", "broken/tools", "--nats", node.bus_url(), "--name", node.name
+    )
     assert done.returncode == 0, done.stderr
     assert f"restarting broken/tools on node {node.name} (was failed)" in done.stdout
     back = await wait_state(nc, node.name, "broken/tools", "ready", timeout=15)
@@ -193,7 +196,8 @@ async def test_child_that_never_answers_initialize_backs_off_then_fails_and_leav
 ) -> None:
     ok_file, starts = tmp_path / "fixed", tmp_path / "starts.log"
     make_module(
-        tmp_path / "mods", "mute",
+        tmp_path / "mods",
+        "mute",
         env={"RAW_MODE": "no_init", "RAW_OK_FILE": str(ok_file), "RAW_START_LOG": str(starts)},
     )
     make_module(tmp_path / "mods", "good")
@@ -219,7 +223,9 @@ async def test_child_that_never_answers_initialize_backs_off_then_fails_and_leav
     assert g["pid"] == good["pid"] and g["restarts"] == 0
 
     ok_file.write_text("ok")
-    done = await asyncio.to_thread(meshctl, "node", "restart", "mute/tools", "--nats", node.bus_url(), "--name", node.name)
+    done = await asyncio.to_thread(
+        meshctl, "node", "restart", "mute/tools", "--nats", node.bus_url(), "--name", node.name
+    )
     assert done.returncode == 0, done.stderr
     await wait_state(nc, node.name, "mute/tools", "ready", timeout=15)
     code, result = await call(nc, "mesh.tool.mute.echo", {"spoke": True})
@@ -230,7 +236,9 @@ async def test_child_that_never_answers_initialize_backs_off_then_fails_and_leav
 async def test_meshctl_restart_names_an_unknown_bundle(tmp_path: Path, node_factory) -> None:
     make_module(tmp_path / "mods", "alpha")
     node = node_factory(tmp_path / "mods")
-    done = await asyncio.to_thread(meshctl, "node", "restart", "nope/tools", "--nats", node.bus_url(), "--name", node.name)
+    done = await asyncio.to_thread(
+        meshctl, "node", "restart", "nope/tools", "--nats", node.bus_url(), "--name", node.name
+    )
     assert done.returncode == 1
     assert "'nope/tools' is not on this node" in done.stderr and "alpha/tools" in done.stderr
     assert "Traceback" not in done.stderr

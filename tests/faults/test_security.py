@@ -41,8 +41,15 @@ class Stack:
         self.servers.append(server)
         return server.start()
 
-    def node(self, manifests: Path, config: str, *, env: dict[str, str] | None = None,
-             workdir: Path | None = None, wait: bool = True) -> NodeProcess:
+    def node(
+        self,
+        manifests: Path,
+        config: str,
+        *,
+        env: dict[str, str] | None = None,
+        workdir: Path | None = None,
+        wait: bool = True,
+    ) -> NodeProcess:
         # The URL comes from the config file alone: that is the path under test.
         node = NodeProcess(workdir or self.tmp_path, manifests, None, f"sec{len(self.nodes)}", config=config, env=env)
         self.nodes.append(node)
@@ -57,8 +64,9 @@ class Stack:
         async def on_error(e: Exception) -> None:
             seen.append(e)
 
-        nc = await nats.connect(url, max_reconnect_attempts=2, reconnect_time_wait=0.2, connect_timeout=5,
-                                error_cb=on_error, **auth)
+        nc = await nats.connect(
+            url, max_reconnect_attempts=2, reconnect_time_wait=0.2, connect_timeout=5, error_cb=on_error, **auth
+        )
         self.clients.append(nc)
         return nc, seen
 
@@ -200,8 +208,12 @@ async def test_tls_with_client_certificates(tmp_path: Path, stack: Stack) -> Non
         scheme="tls",
     )
     make_module(tmp_path / "mods", "alpha")
-    node = stack.node(tmp_path / "mods", node_config(
-        {"url": srv.url, "tls_ca": str(tls.ca), "tls_cert": str(tls.client_cert), "tls_key": str(tls.client_key)}))
+    node = stack.node(
+        tmp_path / "mods",
+        node_config(
+            {"url": srv.url, "tls_ca": str(tls.ca), "tls_cert": str(tls.client_cert), "tls_key": str(tls.client_key)}
+        ),
+    )
     ctx = ssl.create_default_context(cafile=str(tls.ca))
     ctx.load_cert_chain(str(tls.client_cert), str(tls.client_key))
     nc, _ = await stack.client(srv.url, tls=ctx)
@@ -254,8 +266,19 @@ async def test_permissions_keep_a_caller_to_its_subjects(tmp_path: Path, stack: 
     code, _ = await call(caller, "mesh.tool.alpha.echo", {"still": "allowed"})
     assert code == 200
     # meshctl as the caller: refused subjects are an error, never an answer.
-    refused = meshctl("call", "tool.alpha.env", "{}", "--nats", srv.url, "--user", "caller", "--password", "callerpw",
-                      "--timeout", "2")
+    refused = meshctl(
+        "call",
+        "tool.alpha.env",
+        "{}",
+        "--nats",
+        srv.url,
+        "--user",
+        "caller",
+        "--password",
+        "callerpw",
+        "--timeout",
+        "2",
+    )
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
     # The server logged the caller's violations, and refused the node nothing: its list is enough.
     violations_logged = [line for line in srv.log().splitlines() if "Violation" in line]
@@ -266,10 +289,16 @@ async def test_permissions_keep_a_caller_to_its_subjects(tmp_path: Path, stack: 
 # --- 7. secrets never reach a child --------------------------------------------------------------
 SECRET_CASES = {
     # case: (server authorization, node [nats] table, node environment)
-    "password-in-config": ("authorization { user: node, password: pw-in-config-7f3 }",
-                           {"user": "node", "password": "pw-in-config-7f3"}, {}),
-    "password-in-env": ("authorization { user: node, password: pw-in-env-91c }",
-                        {"user": "node"}, {"MESH_NATS_PASSWORD": "pw-in-env-91c"}),
+    "password-in-config": (
+        "authorization { user: node, password: pw-in-config-7f3 }",
+        {"user": "node", "password": "pw-in-config-7f3"},
+        {},
+    ),
+    "password-in-env": (
+        "authorization { user: node, password: pw-in-env-91c }",
+        {"user": "node"},
+        {"MESH_NATS_PASSWORD": "pw-in-env-91c"},
+    ),
     "token-in-config": ('authorization { token: "tok-in-config-2b8" }', {"token": "tok-in-config-2b8"}, {}),
     "token-in-env": ('authorization { token: "tok-in-env-c44" }', {}, {"MESH_NATS_TOKEN": "tok-in-env-c44"}),
 }
@@ -296,8 +325,16 @@ async def test_secrets_never_reach_a_child(tmp_path: Path, stack: Stack, case: s
     env: dict[str, str] = result["structuredContent"]
     leaked = {k: v for k, v in env.items() if secret in v or "other-secret-5e1" in v or k.startswith("MESH_NATS_")}
     assert not leaked, f"the child sees the node's secrets: {leaked}"
-    expected = set(ALLOWLIST) | {"MESH_NODE", "MESH_MODULE", "MESH_BUNDLE", "MESH_BUNDLE_DIR", "MESH_DATA_DIR",
-                                 "PYTHONUNBUFFERED", MARKER_VAR, "FROM_MANIFEST"}
+    expected = set(ALLOWLIST) | {
+        "MESH_NODE",
+        "MESH_MODULE",
+        "MESH_BUNDLE",
+        "MESH_BUNDLE_DIR",
+        "MESH_DATA_DIR",
+        "PYTHONUNBUFFERED",
+        MARKER_VAR,
+        "FROM_MANIFEST",
+    }
     assert set(env) <= expected, f"unexpected variables in the child: {sorted(set(env) - expected)}"
     assert env["FROM_MANIFEST"] == "yes" and env["MESH_MODULE"] == "alpha"
 

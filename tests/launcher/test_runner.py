@@ -33,7 +33,7 @@ async def test_ready_after_the_handshake_and_a_call_answered(script: Script) -> 
     pending = runner.begin(GREET, b'{"name":"Ada"}', loop.time() + 1)
     assert pending is not None
     result = await runner.finish(pending)
-    assert b"greet: {\\\"name\\\": \\\"Ada\\\"}" in bytes(result)
+    assert b'greet: {\\"name\\": \\"Ada\\"}' in bytes(result)
     status = runner.status()
     assert (status.state, status.calls, status.in_flight, status.restarts) == ("ready", 1, 0, 0)
     await stop(runner, task)

@@ -27,7 +27,9 @@ class Wire:
 
 
 def session_with_wire(notifications: list | None = None) -> tuple[Session, Wire]:
-    handler = (lambda method, params: notifications.append((method, bytes(params)))) if notifications is not None else None
+    handler = (
+        (lambda method, params: notifications.append((method, bytes(params)))) if notifications is not None else None
+    )
     session = Session("m/tools", handler)
     wire = Wire()
     session.attach(wire.write)
@@ -43,7 +45,12 @@ async def test_a_tool_call_goes_out_as_one_line_and_its_answer_comes_back_raw() 
     loop = asyncio.get_running_loop()
     call = session.begin_tool_call(b'"greet"', b'{"name":\n"Ada"}', loop.time() + 1, 1000)
     sent = wire.lines[-1]
-    assert sent == {"jsonrpc": "2.0", "id": call.rid, "method": "tools/call", "params": {"name": "greet", "arguments": {"name": "Ada"}}}
+    assert sent == {
+        "jsonrpc": "2.0",
+        "id": call.rid,
+        "method": "tools/call",
+        "params": {"name": "greet", "arguments": {"name": "Ada"}},
+    }
     assert session.in_flight == 1
     session.feed(answer(call.rid, {"content": []}))
     assert msgspec.json.decode(await session.result(call)) == {"content": []}
@@ -95,8 +102,11 @@ async def test_a_timeout_fails_the_call_and_tells_the_child() -> None:
     with pytest.raises(CallTimedOut) as e:
         await session.result(call)
     assert (e.value.what, e.value.timeout_ms) == ('"slow"', 20)
-    assert wire.lines[-1] == {"jsonrpc": "2.0", "method": "notifications/cancelled",
-                              "params": {"requestId": call.rid, "reason": "timed out after 20 ms"}}
+    assert wire.lines[-1] == {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": call.rid, "reason": "timed out after 20 ms"},
+    }
     session.feed(answer(call.rid, {}))  # the answer after the timeout goes nowhere
     assert session.in_flight == 0
 

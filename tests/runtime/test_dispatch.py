@@ -93,7 +93,9 @@ async def test_a_call_that_arrives_while_the_bundle_starts_waits_for_it(mesh: Me
         (b'{"a":"\xff"}', "not UTF-8"),
     ],
 )
-async def test_a_bad_body_is_400_and_never_reaches_the_child(mesh: Mesh, script: Script, body: bytes, says: str) -> None:
+async def test_a_bad_body_is_400_and_never_reaches_the_child(
+    mesh: Mesh, script: Script, body: bytes, says: str
+) -> None:
     await mesh.ready()
     sent_before = len(script.started[-1].received)
     error, code = await mesh.ask("mesh.tool.m.greet", body)

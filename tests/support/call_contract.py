@@ -90,8 +90,17 @@ class Wire:
             before.append(msg)
 
     def initialize(self) -> None:
-        self.send({"id": "init", "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}})
+        self.send(
+            {
+                "id": "init",
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            }
+        )
         assert "result" in self.until("init")[0]
         self.send({"method": "notifications/initialized"})
 
@@ -132,7 +141,9 @@ def check_caller(wire: Wire) -> None:
 def _wait_for(path: Path, text: str, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while text not in (path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, f"{path} never said {text!r}; it holds {path.read_text() if path.exists() else None!r}"
+        assert time.monotonic() < deadline, (
+            f"{path} never said {text!r}; it holds {path.read_text() if path.exists() else None!r}"
+        )
         time.sleep(0.01)
 
 

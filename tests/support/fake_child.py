@@ -51,7 +51,9 @@ class Script:
 class FakeChild:
     script: Script
 
-    def __init__(self, behaviour: Behaviour, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, behaviour: Behaviour, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.behaviour = behaviour
         self.pid = next(_pids)
@@ -69,7 +71,9 @@ class FakeChild:
             loop.call_later(behaviour.exit_after, self.exit, 1)
 
     @classmethod
-    async def spawn(cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]) -> FakeChild:
+    async def spawn(
+        cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
+    ) -> FakeChild:
         behaviour = cls.script.next()
         if behaviour.unstartable:
             raise FileNotFoundError(2, "No such file or directory", spec.argv[0])
@@ -122,8 +126,14 @@ class FakeChild:
             return  # a notification
         b = self.behaviour
         if method == "initialize" and b.handshake:
-            self._reply(rid, {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                              "serverInfo": {"name": "fake", "version": "0"}})
+            self._reply(
+                rid,
+                {
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "fake", "version": "0"},
+                },
+            )
         elif method == "tools/list" and b.handshake:
             self._reply(rid, {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in b.tools]})
         elif method == "ping":
@@ -131,20 +141,33 @@ class FakeChild:
         elif method == "tools/call" and b.answer is not None:
             result = b.answer(message["params"]["name"], message["params"]["arguments"])
             if isinstance(result, Exception):
-                self.on_stdout(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": result.args[0],
-                                                                                  "message": result.args[1]}}).encode())
+                self.on_stdout(
+                    json.dumps(
+                        {"jsonrpc": "2.0", "id": rid, "error": {"code": result.args[0], "message": result.args[1]}}
+                    ).encode()
+                )
             elif result is not None:
                 self._reply(rid, result)
 
 
-FAST_RESTART = RestartPolicy(max_restarts=3, window_s=30, backoff_initial_s=0.02, backoff_max_s=0.05, stable_after_s=0.3)
+FAST_RESTART = RestartPolicy(
+    max_restarts=3, window_s=30, backoff_initial_s=0.02, backoff_max_s=0.05, stable_after_s=0.3
+)
 FAST_HEALTH = HealthPolicy(init_timeout_s=0.3, ping_interval_s=30, ping_timeout_s=1, ping_misses=2, stop_grace_s=0.1)
 
 
 def runner_spec(timeout_ms: int = 2000, max_in_flight: int = 8, restart: RestartPolicy = FAST_RESTART) -> RunnerSpec:
     child = ChildSpec(argv=["fake"], cwd="/", env={})
-    return RunnerSpec(module="m", name="tools", language="python", child=child, timeout_ms=timeout_ms,
-                      max_in_flight=max_in_flight, restart=restart, health=FAST_HEALTH)
+    return RunnerSpec(
+        module="m",
+        name="tools",
+        language="python",
+        child=child,
+        timeout_ms=timeout_ms,
+        max_in_flight=max_in_flight,
+        restart=restart,
+        health=FAST_HEALTH,
+    )
 
 
 class RecordingRunner(BundleRunner):

@@ -38,7 +38,17 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.workdir / "js"), *self.extra]
+        argv = [
+            nats_server_binary(),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.workdir / "js"),
+            *self.extra,
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.log", "ab"))
         wait_port(self.port)
         return self
@@ -114,8 +124,16 @@ stop_grace_s = 1
 class NodeProcess:
     """`meshctl node run` as a real process."""
 
-    def __init__(self, workdir: Path, manifests: Path, url: str | None, name: str, config: str = FAST_CONFIG,
-                 env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        manifests: Path,
+        url: str | None,
+        name: str,
+        config: str = FAST_CONFIG,
+        env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.name = name
         self.url = url
@@ -123,16 +141,29 @@ class NodeProcess:
         self.config = workdir / f"node-{name}.toml"
         self.config.write_text(config)
         self.log_path = workdir / f"node-{name}.log"
-        argv = [*MESHCTL, "node", "run", "--manifests", str(manifests), "--name", name,
-                "--state-dir", str(self.state_dir), "--config", str(self.config), *(extra_args or [])]
+        argv = [
+            *MESHCTL,
+            "node",
+            "run",
+            "--manifests",
+            str(manifests),
+            "--name",
+            name,
+            "--state-dir",
+            str(self.state_dir),
+            "--config",
+            str(self.config),
+            *(extra_args or []),
+        ]
         if url:
             argv += ["--nats", url]
         else:
             argv += ["--embedded-port", "0"]
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.log_path, "wb"))
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=open(self.log_path, "wb")
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -193,7 +224,9 @@ async def wait_state(nc: Client, node: str, key: str, state: str, timeout: float
     raise AssertionError(f"{key} did not reach {state} within {timeout} s; last status {last}")
 
 
-async def call(nc: Client, subject: str, args: Any = None, timeout: float = 10, raw: bytes | None = None) -> tuple[int, Any]:
+async def call(
+    nc: Client, subject: str, args: Any = None, timeout: float = 10, raw: bytes | None = None
+) -> tuple[int, Any]:
     """(code, body): 200 and the CallToolResult, or the runtime error code and its JSON body."""
     data = raw if raw is not None else json.dumps(args if args is not None else {}).encode()
     msg = await nc.request(subject, data, timeout=timeout)

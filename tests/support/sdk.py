@@ -28,11 +28,18 @@ def build_context(module_dir: Path, stage: Path, cache: Path, repo_root: Path | 
     bundle = loaded.module.tools_bundles()[0]
     stage.mkdir(parents=True)
     return BuildContext(
-        module=loaded, bundle=bundle, source_dir=loaded.source_dir(bundle),
-        stage_dir=stage, cache_dir=cache, repo_root=repo_root, log=lambda _: None,
+        module=loaded,
+        bundle=bundle,
+        source_dir=loaded.source_dir(bundle),
+        stage_dir=stage,
+        cache_dir=cache,
+        repo_root=repo_root,
+        log=lambda _: None,
     )
 
 
 def file_tree(root: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under `root`: bytes and mode, by relative path (two builds compare equal)."""
-    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()
+    }

@@ -90,12 +90,20 @@ class StdioClient:
             replies.append(json.loads(line))
         return replies
 
-    def calls_in_flight(self, calls: dict[int, tuple[str, dict[str, Any]]], timeout: float = 10) -> dict[int, dict[str, Any]]:
+    def calls_in_flight(
+        self, calls: dict[int, tuple[str, dict[str, Any]]], timeout: float = 10
+    ) -> dict[int, dict[str, Any]]:
         """Write every `tools/call` (id -> (tool, arguments)) before reading a reply; each id
         must be answered exactly once. Returns the results by id."""
         for ident, (tool, arguments) in calls.items():
-            self._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
-                        "params": {"name": tool, "arguments": arguments}})
+            self._send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": ident,
+                    "method": "tools/call",
+                    "params": {"name": tool, "arguments": arguments},
+                }
+            )
         results: dict[int, dict[str, Any]] = {}
         for reply in self.read_replies(len(calls), timeout):
             assert reply["id"] in calls and reply["id"] not in results, reply
