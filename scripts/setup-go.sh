@@ -11,11 +11,12 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 
-# sdk/go, then every Go bundle source (a folder under bundles/ holding a go.mod).
+# sdk/go, then every Go bundle source (a folder under bundles/ or tests/children/ holding a
+# go.mod): bundles/handoff, for one, needs a SQLite driver the SDK does not.
 dirs=("$repo/sdk/go")
 while IFS= read -r mod; do
   dirs+=("$(dirname "$mod")")
-done < <(find "$repo/bundles" -name go.mod -not -path '*/node_modules/*' | sort)
+done < <(find "$repo/bundles" "$repo/tests/children" -name go.mod -not -path '*/node_modules/*' | sort)
 
 for dir in "${dirs[@]}"; do
   echo "setup-go: go mod download in ${dir#"$repo"/}"

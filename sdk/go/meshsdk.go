@@ -4,7 +4,8 @@
 // (record 0188). Everything protocol-shaped is the official Go MCP SDK
 // (github.com/modelcontextprotocol/go-sdk); this package only adds what a module's code needs
 // on top: a server set up to log to stderr, the stdio loop, typed tool registration with a
-// text answer, seat-verb tool names, and the MESH_* facts the runtime passes in.
+// text answer, seat-verb tool names, the MESH_* facts the runtime passes in, the caller the node
+// stamped on each call, progress notifications, and no reply to a cancelled call.
 package meshsdk
 
 import (
@@ -40,7 +41,8 @@ func Logger() *slog.Logger {
 
 // Serve runs server on stdin/stdout until the runtime closes stdin (a clean exit, nil) or ctx
 // ends. The go-sdk handles each tools/call in its own goroutine, so a slow tool does not hold
-// up other calls; notifications/cancelled cancels the call's context.
+// up other calls; notifications/cancelled cancels the call's context, and the cancelled call's
+// reply is not sent (MCP: the receiver of a cancel should not answer it).
 //
 // Before it starts, Serve points os.Stdout at stderr and keeps the real stdout for the
 // protocol alone: a stray fmt.Println in a tool then shows up in the logs instead of
@@ -48,7 +50,7 @@ func Logger() *slog.Logger {
 func Serve(ctx context.Context, server *mcp.Server) error {
 	protocol := os.Stdout
 	os.Stdout = os.Stderr
-	err := server.Run(ctx, &mcp.IOTransport{Reader: os.Stdin, Writer: protocol})
+	err := server.Run(ctx, cancelAware{&mcp.IOTransport{Reader: os.Stdin, Writer: protocol}})
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
 		return nil
 	}

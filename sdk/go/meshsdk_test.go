@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +184,174 @@ func TestAddToolRefusesBadName(t *testing.T) {
 		}
 	}()
 	AddTool(NewServer("t", "0"), "a.b.c", "", func(context.Context, struct{}) (string, any, error) { return "", nil, nil })
+}
+
+func TestParseCaller(t *testing.T) {
+	c, err := ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "ALICE", "user": "alice", "name": "a-client", "via": "bus"}})
+	if err != nil || *c != (Caller{"ALICE", "alice", "a-client", "bus"}) || c.ID() != "ALICE/alice" {
+		t.Fatalf("ParseCaller = %+v, %v", c, err)
+	}
+	c, err = ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "BOB", "user": nil, "name": nil, "via": "local"}})
+	if err != nil || c.ID() != "BOB" {
+		t.Fatalf("ParseCaller without user = %+v, %v", c, err)
+	}
+	if wire, _ := json.Marshal(c); string(wire) != `{"account":"BOB","user":null,"name":null,"via":"local"}` {
+		t.Fatalf("wire form %s", wire)
+	}
+	for _, absent := range []map[string]any{nil, {}, {CallerMetaKey: nil}, {"progressToken": 1}} {
+		if c, err := ParseCaller(absent); c != nil || err != nil {
+			t.Errorf("ParseCaller(%v) = %+v, %v; want nil, nil", absent, c, err)
+		}
+	}
+	malformed := []any{
+		"ALICE", 7, []any{"ALICE"},
+		map[string]any{"user": "alice", "via": "bus"},
+		map[string]any{"account": "", "via": "bus"},
+		map[string]any{"account": 3, "via": "bus"},
+		map[string]any{"account": "A", "user": 5, "via": "bus"},
+		map[string]any{"account": "A", "name": map[string]any{}, "via": "bus"},
+		map[string]any{"account": "A", "via": "carrier-pigeon"},
+		map[string]any{"account": "A"},
+	}
+	for _, bad := range malformed {
+		c, err := ParseCaller(map[string]any{CallerMetaKey: bad})
+		if c != nil || err == nil || !strings.Contains(err.Error(), "mesh/caller") {
+			t.Errorf("ParseCaller(%#v) = %+v, %v; want nil and an error naming the field", bad, c, err)
+		}
+	}
+}
+
+// rawSession serves server (through the SDK's cancel-aware transport, as Serve does) on a
+// pipe and returns a writer of raw JSON-RPC lines and a reader that fails after a timeout.
+func rawSession(t *testing.T, server *mcp.Server) (send func(string), next func(time.Duration) map[string]any) {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = server.Run(ctx, cancelAware{&mcp.IOTransport{Reader: inR, Writer: outW}})
+	}()
+	t.Cleanup(func() { inW.Close(); cancel(); <-done })
+	lines := make(chan map[string]any, 64)
+	go func() {
+		dec := json.NewDecoder(outR)
+		for {
+			var m map[string]any
+			if dec.Decode(&m) != nil {
+				close(lines)
+				return
+			}
+			lines <- m
+		}
+	}()
+	send = func(line string) {
+		if _, err := io.WriteString(inW, line+"\n"); err != nil {
+			t.Fatalf("write %s: %v", line, err)
+		}
+	}
+	next = func(wait time.Duration) map[string]any {
+		select {
+		case m, ok := <-lines:
+			if !ok {
+				t.Fatal("server closed its output")
+			}
+			return m
+		case <-time.After(wait):
+			return nil
+		}
+	}
+	send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`)
+	if m := next(5 * time.Second); m == nil || m["id"] != float64(0) {
+		t.Fatalf("initialize reply %v", m)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return send, next
+}
+
+func TestCallerAndProgressReachTheHandler(t *testing.T) {
+	server := NewServer("t", "0")
+	// The arguments may name anyone; only _meta says who called.
+	type claimIn struct {
+		User string `json:"user,omitempty"`
+	}
+	AddTool(server, "whoami", "", func(ctx context.Context, _ claimIn) (string, any, error) {
+		for i := 1; i <= 3; i++ {
+			if err := Progress(ctx, float64(i), 3, fmt.Sprintf("step %d", i)); err != nil {
+				return "", nil, err
+			}
+		}
+		if c := CallerFrom(ctx); c != nil {
+			return c.ID(), c, nil
+		}
+		return "nobody", nil, nil
+	})
+	send, next := rawSession(t, server)
+
+	send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","arguments":{"user":"mallory"},` +
+		`"_meta":{"progressToken":"tok","mesh/caller":{"account":"ALICE","user":"alice","name":null,"via":"bus"}}}}`)
+	for i := 1; i <= 3; i++ {
+		m := next(5 * time.Second)
+		params, _ := m["params"].(map[string]any)
+		if m["method"] != "notifications/progress" || params["progressToken"] != "tok" || params["progress"] != float64(i) ||
+			params["total"] != float64(3) || params["message"] != fmt.Sprintf("step %d", i) {
+			t.Fatalf("progress %d: %v", i, m)
+		}
+	}
+	m := next(5 * time.Second)
+	want := map[string]any{"account": "ALICE", "user": "alice", "name": nil, "via": "bus"}
+	if m["id"] != float64(1) || !reflect.DeepEqual(m["result"].(map[string]any)["structuredContent"], want) {
+		t.Fatalf("whoami reply %v", m)
+	}
+
+	// No caller and no token: CallerFrom is nil and Progress sends nothing.
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`)
+	if m := next(5 * time.Second); m["id"] != float64(2) || m["result"].(map[string]any)["content"].([]any)[0].(map[string]any)["text"] != "nobody" {
+		t.Fatalf("whoami without a caller: %v", m)
+	}
+	// A malformed caller is treated as absent, never a crash.
+	send(`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","arguments":{},"_meta":{"mesh/caller":["ALICE"]}}}`)
+	if m := next(5 * time.Second); m["id"] != float64(3) || m["result"].(map[string]any)["content"].([]any)[0].(map[string]any)["text"] != "nobody" {
+		t.Fatalf("whoami with a malformed caller: %v", m)
+	}
+}
+
+func TestCancelledCallGetsNoReply(t *testing.T) {
+	server := NewServer("t", "0")
+	sawCancel := make(chan struct{})
+	AddTool(server, "wait", "", func(ctx context.Context, _ struct{}) (string, any, error) {
+		select {
+		case <-ctx.Done():
+			close(sawCancel)
+			return "", nil, ctx.Err()
+		case <-time.After(10 * time.Second):
+			return "not cancelled", nil, nil
+		}
+	})
+	AddTool(server, "fast", "", func(context.Context, struct{}) (string, any, error) { return "fast", nil, nil })
+	send, next := rawSession(t, server)
+
+	send(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"wait","arguments":{}}}`)
+	time.Sleep(50 * time.Millisecond) // the call is in its handler
+	send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"user aborted"}}`)
+	select {
+	case <-sawCancel:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler's ctx was not cancelled")
+	}
+	time.Sleep(50 * time.Millisecond) // give a (wrong) reply for id 7 time to be written first
+	send(`{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"fast","arguments":{}}}`)
+	if m := next(5 * time.Second); m == nil || m["id"] != float64(8) {
+		t.Fatalf("after the cancel the next line is %v; want the reply to id 8 and nothing for id 7", m)
+	}
+	if m := next(200 * time.Millisecond); m != nil {
+		t.Fatalf("unexpected line %v", m)
+	}
+	// A cancel for a call already answered changes nothing.
+	send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":8}}`)
+	send(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"fast","arguments":{}}}`)
+	if m := next(5 * time.Second); m == nil || m["id"] != float64(9) {
+		t.Fatalf("call after a stale cancel: %v", m)
+	}
 }

@@ -13,6 +13,8 @@ import (
 // from the call's arguments; Out becomes structuredContent and the output schema; text is what
 // a model reads (empty: the go-sdk sends Out's JSON as the text). A non-nil err becomes a
 // result with isError set and err's message as its text, as MCP wants for tool failures.
+// ctx carries the call: CallerFrom(ctx) is who called, Progress(ctx, ...) reports progress,
+// and ctx.Done() closes when the caller cancels.
 type Handler[In, Out any] func(ctx context.Context, in In) (text string, out Out, err error)
 
 // AddTool registers a typed tool on server; its input schema comes from In's struct fields
@@ -24,8 +26,8 @@ func AddTool[In, Out any](server *mcp.Server, name, description string, h Handle
 		panic("meshsdk.AddTool: " + err.Error())
 	}
 	tool := &mcp.Tool{Name: name, Description: description}
-	mcp.AddTool(server, tool, func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-		text, out, err := h(ctx, in)
+	mcp.AddTool(server, tool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		text, out, err := h(WithCall(ctx, req), in)
 		if err != nil {
 			return nil, out, err
 		}

@@ -61,8 +61,14 @@ class StdioClient:
     def list_tools(self) -> list[dict[str, Any]]:
         return self.request("tools/list", {})["tools"]
 
-    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self.request("tools/call", {"name": name, "arguments": arguments})
+    def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One tools/call, answered before it returns; `meta` is sent as params._meta (the node's
+        caller, a progress token)."""
+        return self.request("tools/call", _call_params(name, arguments, meta))
+
+    def send_call(self, ident: int, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        """Write a tools/call without reading its reply (read it with read_replies)."""
+        self._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": _call_params(name, arguments, meta)})
 
     def read_replies(self, count: int, timeout: float) -> list[dict[str, Any]]:
         """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
@@ -96,14 +102,7 @@ class StdioClient:
         """Write every `tools/call` (id -> (tool, arguments)) before reading a reply; each id
         must be answered exactly once. Returns the results by id."""
         for ident, (tool, arguments) in calls.items():
-            self._send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": ident,
-                    "method": "tools/call",
-                    "params": {"name": tool, "arguments": arguments},
-                }
-            )
+            self.send_call(ident, tool, arguments)
         results: dict[int, dict[str, Any]] = {}
         for reply in self.read_replies(len(calls), timeout):
             assert reply["id"] in calls and reply["id"] not in results, reply
@@ -129,3 +128,10 @@ class StdioClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _call_params(name: str, arguments: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"name": name, "arguments": arguments}
+    if meta is not None:
+        params["_meta"] = meta
+    return params
