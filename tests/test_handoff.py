@@ -5,6 +5,7 @@ one, and the module's own clocks with limits of a second or two and nobody calli
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -246,3 +247,12 @@ def test_a_bad_limit_is_named(stage: Path, tmp_path: Path) -> None:
     assert client.proc.wait(10) == 2
     stderr = client.proc.stderr.read().decode()
     assert "HANDOFF_CLAIM_S" in stderr and "ten minutes" in stderr
+
+
+def test_go_unit_tests() -> None:
+    """`go test` of bundles/handoff/src: the state machine and the clocks on a fake clock."""
+    require(TOOLCHAIN)
+    proc = subprocess.run(["go", "test", "-count=1", "./..."], cwd=MODULE_DIR / "src",
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok" in proc.stdout

@@ -35,8 +35,8 @@ func NewDesk(store *Store, now func() time.Time, limits Limits) *Desk {
 }
 
 var noCaller = &Refusal{
-	Wrong: "this call has no caller identity",
-	Right: "call handoff through a mesh node (meshctl call, or a request on mesh.seat.handoff.<verb>); the node passes the caller in _meta[\"mesh/caller\"], and the owner and the opener are taken only from there",
+	Wrong: "this call has no caller identity (no _meta[\"mesh/caller\"])",
+	Right: "handoff takes the opener and the owner only from the caller the node stamps on each call: call it through a mesh node that passes callers (meshctl call, or a request on mesh.seat.handoff.<verb>); list, get, wait, holders and attention work without one",
 }
 
 // Open files a new entry for the caller. Every one of the four fields must say something.

@@ -138,8 +138,11 @@ func addVerbs(server *mcp.Server, d *Desk) {
 
 func summary(e *Entry) string {
 	s := fmt.Sprintf("%s (%s) is %s, %s", e.ID, e.Projekt, e.State, e.Priority)
-	if e.Owner != "" {
+	switch {
+	case e.State == StateClaimed:
 		s += ", held by " + e.Owner
+	case e.Owner != "":
+		s += ", last owner " + e.Owner
 	}
 	return s
 }
