@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tests.support.mesh import MESHCTL, call, client, wait_state
 from tests.support.sdk import build_context, require
 from tests.support.stdio_client import StdioClient
 from toolchains.go import TOOLCHAIN
@@ -256,3 +257,30 @@ def test_go_unit_tests() -> None:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok" in proc.stdout
+
+
+async def test_built_delivered_and_served(tmp_path: Path, node_factory: Any, nats_server: Any) -> None:
+    """`meshctl bundle build` packs the bundle, `meshctl bundle deliver` puts it on a node that
+    has no manifests of its own, and the node serves the seat on mesh.seat.handoff.*."""
+    require(TOOLCHAIN)
+    empty = tmp_path / "no-manifests"
+    empty.mkdir()
+    node = node_factory(empty)
+    out = tmp_path / "out"
+    built = subprocess.run([*MESHCTL, "bundle", "build", str(MODULE_DIR), "--out", str(out)], cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [artifact] = out.glob("handoff-*.tar.gz")
+    delivered = subprocess.run([*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert delivered.returncode == 0, delivered.stdout + delivered.stderr
+    nc = await client(nats_server.url)
+    try:
+        ready = await wait_state(nc, node.name, "handoff/tools", "ready", timeout=60)
+        assert sorted(ready["tools"]) == sorted(f"handoff.{v}" for v in VERBS)
+        code, listed = await call(nc, "mesh.seat.handoff.list", {"state": "open"})
+        assert (code, listed["structuredContent"]) == (200, {"entries": []})
+        code, refused = await call(nc, "mesh.seat.handoff.list", {"state": "done"})
+        assert code == 200 and refused["isError"] is True and 'state "done" is not a state' in refused["content"][0]["text"]
+    finally:
+        await nc.close()
