@@ -5,11 +5,13 @@ one, and the module's own clocks with limits of a second or two and nobody calli
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import nats
 import pytest
 
 from tests.support.mesh import MESHCTL, call, client, wait_state
@@ -278,7 +280,15 @@ async def test_built_delivered_and_served(tmp_path: Path, node_factory: Any, nat
     try:
         ready = await wait_state(nc, node.name, "handoff/tools", "ready", timeout=60)
         assert sorted(ready["tools"]) == sorted(f"handoff.{v}" for v in VERBS)
-        code, listed = await call(nc, "mesh.seat.handoff.list", {"state": "open"})
+        # The seat's subjects follow the bundle's readiness once the node has looked for another holder.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                code, listed = await call(nc, "mesh.seat.handoff.list", {"state": "open"})
+                break
+            except nats.errors.NoRespondersError:
+                assert time.monotonic() < deadline, "the node never served mesh.seat.handoff.*"
+                await asyncio.sleep(0.1)
         assert (code, listed["structuredContent"]) == (200, {"entries": []})
         code, refused = await call(nc, "mesh.seat.handoff.list", {"state": "done"})
         assert code == 200 and refused["isError"] is True and 'state "done" is not a state' in refused["content"][0]["text"]
