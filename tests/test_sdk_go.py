@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
@@ -56,7 +57,7 @@ def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[Std
 
 @pytest.fixture(scope="module")
 def calls_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The go-calls test child (whoami, wait, count) built by the Go toolchain."""
+    """The go-calls fixture bundle (whoami, wait_cancel, count) built by the Go toolchain."""
     require(TOOLCHAIN)
     base = tmp_path_factory.mktemp("go-calls")
     TOOLCHAIN.build(build_context(CALLS_DIR, base / "stage", base / "cache"))
@@ -64,15 +65,18 @@ def calls_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def calls(calls_stage: Path, tmp_path: Path) -> Iterator[StdioClient]:
+def contract(calls_stage: Path, tmp_path: Path) -> Iterator[Wire]:
     env = {
         "MESH_NODE": "test-node", "MESH_MODULE": "go-calls", "MESH_BUNDLE": "tools",
         "MESH_BUNDLE_DIR": str(calls_stage), "MESH_DATA_DIR": str(tmp_path / "data"),
     }
-    client = StdioClient([str(calls_stage / "bin" / "go-calls")], cwd=calls_stage, env=env)
-    client.initialize()
-    yield client
-    client.close()
+    with serving([str(calls_stage / "bin" / "go-calls")], cwd=calls_stage, env=env) as wire:
+        yield wire
+
+
+class TestCallContract(CallContractTests):
+    """Caller (CallerFrom), cancellation (ctx.Done, and no reply) and progress (Progress), as
+    tests/support/call_contract.py checks them for every SDK."""
 
 
 def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:
@@ -163,78 +167,3 @@ def test_compile_error_is_build_failed(tmp_path: Path) -> None:
         TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "undefinedThing" in e.value.output
 
-
-# --- what a handler gets about its call: the caller, a cancel, progress ---------------------
-CALLERS = [
-    {"account": "ALICE", "user": "alice", "name": "alice-client", "via": "bus"},
-    {"account": "BOB", "user": None, "name": None, "via": "bus"},
-    {"account": "MESH", "user": "ops", "name": None, "via": "local"},
-    {"account": "CAROL", "user": "carol", "name": "claude", "via": "mcp"},
-]
-
-
-@pytest.mark.parametrize("caller", CALLERS, ids=lambda c: f"{c['account']}-{c['via']}")
-def test_the_caller_is_the_one_in_meta_never_the_arguments(calls: StdioClient, caller: dict[str, Any]) -> None:
-    forged = {"account": "MALLORY", "user": "mallory"}
-    result = calls.call("whoami", forged, meta={"mesh/caller": caller})
-    assert not result.get("isError"), result
-    expected_id = f"{caller['account']}/{caller['user']}" if caller["user"] else caller["account"]
-    assert result["structuredContent"] == {"caller": caller, "id": expected_id}
-    assert result["content"] == [{"type": "text", "text": expected_id}]
-
-
-@pytest.mark.parametrize("meta", [None, {}, {"mesh/caller": None}, {"mesh/caller": "ALICE"},
-                                  {"mesh/caller": {"user": "alice", "via": "bus"}},
-                                  {"mesh/caller": {"account": "A", "via": "pigeon"}},
-                                  {"mesh/caller": {"account": ["A"], "user": 3, "via": "bus"}}])
-def test_no_or_a_malformed_caller_is_none_and_never_a_crash(calls: StdioClient, meta: dict[str, Any] | None) -> None:
-    result = calls.call("whoami", {"user": "alice"}, meta=meta)
-    assert result["structuredContent"] == {"caller": None, "id": ""}
-    assert calls.request("ping") == {}, "the child must still answer after a malformed caller"
-
-
-def _appears(marker: Path, timeout: float = 5) -> Path:
-    """The marker the wait tool writes when its ctx is cancelled (the go-sdk cancels asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while not (marker.exists() and marker.stat().st_size) and time.monotonic() < deadline:
-        time.sleep(0.02)  # written, not only created
-    assert marker.exists(), f"the handler's ctx was not cancelled: no {marker.name} within {timeout}s"
-    return marker
-
-
-def test_a_cancel_reaches_the_handler_and_no_result_is_sent(calls: StdioClient, tmp_path: Path) -> None:
-    calls.send_call(50, "wait", {"tag": "first"})
-    calls.send_call(51, "wait", {"tag": "second"})
-    time.sleep(0.2)  # both handlers are waiting
-    calls.notify("notifications/cancelled", {"requestId": 50, "reason": "the caller gave up"})
-    assert _appears(tmp_path / "data" / "cancelled-first").read_text() == "context canceled"
-    assert not (tmp_path / "data" / "cancelled-second").exists(), "a cancel must reach only its own call"
-
-    calls.send_call(52, "count", {"n": 1})
-    [reply] = calls.read_replies(1, timeout=5)
-    assert reply["id"] == 52 and reply["result"]["content"][0]["text"] == "counted to 1", reply
-
-    calls.notify("notifications/cancelled", {"requestId": 51})
-    calls.send_call(53, "count", {"n": 2})
-    [reply] = calls.read_replies(1, timeout=5)
-    assert reply["id"] == 53, f"expected only the reply to the later call, not a result for a cancelled id: {reply}"
-    assert _appears(tmp_path / "data" / "cancelled-second").read_text() == "context canceled"
-    with pytest.raises(AssertionError, match="only 0 of 1"):
-        calls.read_replies(1, timeout=0.5)
-
-
-def test_progress_arrives_in_order_before_the_result(calls: StdioClient) -> None:
-    calls.send_call(60, "count", {"n": 5}, meta={"progressToken": "p-60"})
-    lines = calls.read_replies(6, timeout=5)
-    progress, result = lines[:5], lines[5]
-    assert [m["method"] for m in progress] == ["notifications/progress"] * 5
-    assert [m["params"] for m in progress] == [
-        {"progressToken": "p-60", "progress": i, "total": 5, "message": f"step {i} of 5"} for i in range(1, 6)
-    ]
-    assert result["id"] == 60 and result["result"]["content"][0]["text"] == "counted to 5"
-
-
-def test_no_progress_without_a_token(calls: StdioClient) -> None:
-    calls.send_call(70, "count", {"n": 3})
-    [reply] = calls.read_replies(1, timeout=5)
-    assert reply["id"] == 70, f"a call without a progressToken must get no progress notifications: {reply}"

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -49,9 +50,14 @@ func nullable(s string) *string {
 	return &s
 }
 
+// MaxCallerFieldBytes is the longest account, user or name accepted, in UTF-8 bytes.
+const MaxCallerFieldBytes = 256
+
 // ParseCaller reads a caller from a call's _meta. It returns (nil, nil) when there is none (a
-// bundle run by hand, or a node that does not send one) and an error naming the field when
-// the value is malformed; it never panics, whatever the value holds.
+// bundle run by hand, or a node that does not send one) and an error saying what is wrong when
+// the value is malformed; it never panics, whatever the value holds. The rules are every SDK's:
+// account a non-empty string without "/", user and name non-empty strings or null, each at most
+// 256 bytes without control characters, via one of "bus", "local", "mcp".
 func ParseCaller(meta map[string]any) (*Caller, error) {
 	raw, ok := meta[CallerMetaKey]
 	if !ok || raw == nil {
@@ -59,35 +65,50 @@ func ParseCaller(meta map[string]any) (*Caller, error) {
 	}
 	obj, ok := raw.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("_meta[%q] is a %T; the node sends an object {account, user, name, via}", CallerMetaKey, raw)
+		return nil, fmt.Errorf("%s is malformed: a %T, not an object {account, user, name, via}", CallerMetaKey, raw)
 	}
-	account, ok := obj["account"].(string)
-	if !ok || account == "" {
-		return nil, fmt.Errorf("_meta[%q].account is %#v; it must be a non-empty string", CallerMetaKey, obj["account"])
-	}
-	c := &Caller{Account: account}
+	c := &Caller{}
 	for _, f := range []struct {
-		key string
-		to  *string
-	}{{"user", &c.User}, {"name", &c.Name}} {
-		switch v := obj[f.key].(type) {
-		case nil:
-		case string:
-			*f.to = v
-		default:
-			return nil, fmt.Errorf("_meta[%q].%s is a %T; it must be a string or null", CallerMetaKey, f.key, v)
+		key      string
+		to       *string
+		nullable bool
+	}{{"account", &c.Account, false}, {"user", &c.User, true}, {"name", &c.Name, true}} {
+		value, present := obj[f.key]
+		if (value == nil) && f.nullable {
+			continue
 		}
-	}
-	switch via := obj["via"].(type) {
-	case string:
-		if via != "bus" && via != "local" && via != "mcp" {
-			return nil, fmt.Errorf("_meta[%q].via is %q; it must be \"bus\", \"local\" or \"mcp\"", CallerMetaKey, via)
+		if problem := fieldProblem(value, present); problem != "" {
+			return nil, fmt.Errorf("%s is malformed: %s %s", CallerMetaKey, f.key, problem)
 		}
-		c.Via = via
-	default:
-		return nil, fmt.Errorf("_meta[%q].via is %#v; it must be \"bus\", \"local\" or \"mcp\"", CallerMetaKey, via)
+		*f.to = value.(string)
 	}
+	if strings.Contains(c.Account, "/") {
+		return nil, fmt.Errorf("%s is malformed: account %q holds a /, which separates account and user in an id", CallerMetaKey, c.Account)
+	}
+	via, _ := obj["via"].(string)
+	if via != "bus" && via != "local" && via != "mcp" {
+		return nil, fmt.Errorf("%s is malformed: via is %#v, not one of \"bus\", \"local\", \"mcp\"", CallerMetaKey, obj["via"])
+	}
+	c.Via = via
 	return c, nil
+}
+
+// fieldProblem says why value is not a caller field ("" when it is one).
+func fieldProblem(value any, present bool) string {
+	s, ok := value.(string)
+	switch {
+	case !present:
+		return "is missing"
+	case !ok:
+		return fmt.Sprintf("is a %T, not a string", value)
+	case s == "":
+		return "is empty"
+	case len(s) > MaxCallerFieldBytes:
+		return fmt.Sprintf("is longer than %d bytes", MaxCallerFieldBytes)
+	case strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+		return "holds control characters"
+	}
+	return ""
 }
 
 // call is what a handler's context carries about its tools/call.
@@ -110,7 +131,7 @@ func WithCall(ctx context.Context, req *mcp.CallToolRequest) context.Context {
 			meta := req.Params.GetMeta()
 			caller, err := ParseCaller(meta)
 			if err != nil {
-				slog.Warn("call without a usable caller", "tool", req.Params.Name, "error", err)
+				slog.Warn(err.Error()+"; the handler gets no caller", "tool", req.Params.Name)
 			}
 			c.caller = caller
 			c.token = req.Params.GetProgressToken()
@@ -128,11 +149,12 @@ func CallerFrom(ctx context.Context) *Caller {
 }
 
 // Progress tells the caller how far the call is (progress out of total; total 0 means unknown;
-// message may be empty). It is a no-op returning nil when the caller asked for no progress.
+// message may be empty). It is a no-op returning nil when the caller asked for no progress, or
+// when the call was cancelled (nobody waits for it any more).
 // Notifications go out in the order of the calls, before the call's result.
 func Progress(ctx context.Context, progress, total float64, message string) error {
 	c, _ := ctx.Value(callKey{}).(call)
-	if c.token == nil || c.session == nil {
+	if c.token == nil || c.session == nil || ctx.Err() != nil {
 		return nil
 	}
 	return c.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{

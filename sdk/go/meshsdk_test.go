@@ -203,20 +203,31 @@ func TestParseCaller(t *testing.T) {
 			t.Errorf("ParseCaller(%v) = %+v, %v; want nil, nil", absent, c, err)
 		}
 	}
+	longest := strings.Repeat("x", MaxCallerFieldBytes)
+	if c, err := ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": longest, "user": longest, "name": longest, "via": "mcp"}}); err != nil || c.ID() != longest+"/"+longest {
+		t.Fatalf("the longest caller: %+v, %v", c, err)
+	}
+	if c, err := ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "BOB", "via": "bus"}}); err != nil || c.ID() != "BOB" {
+		t.Fatalf("a caller without user and name keys: %+v, %v", c, err)
+	}
 	malformed := []any{
-		"ALICE", 7, []any{"ALICE"},
+		"ALICE", 7, []any{"ALICE"}, map[string]any{},
 		map[string]any{"user": "alice", "via": "bus"},
 		map[string]any{"account": "", "via": "bus"},
 		map[string]any{"account": 3, "via": "bus"},
+		map[string]any{"account": "A/B", "via": "bus"},
 		map[string]any{"account": "A", "user": 5, "via": "bus"},
+		map[string]any{"account": "A", "user": "", "via": "bus"},
+		map[string]any{"account": "A", "user": longest + "x", "via": "bus"},
+		map[string]any{"account": "A", "name": "line\nbreak", "via": "bus"},
 		map[string]any{"account": "A", "name": map[string]any{}, "via": "bus"},
 		map[string]any{"account": "A", "via": "carrier-pigeon"},
 		map[string]any{"account": "A"},
 	}
 	for _, bad := range malformed {
 		c, err := ParseCaller(map[string]any{CallerMetaKey: bad})
-		if c != nil || err == nil || !strings.Contains(err.Error(), "mesh/caller") {
-			t.Errorf("ParseCaller(%#v) = %+v, %v; want nil and an error naming the field", bad, c, err)
+		if c != nil || err == nil || !strings.Contains(err.Error(), "mesh/caller is malformed") {
+			t.Errorf("ParseCaller(%#v) = %+v, %v; want nil and an error saying what is wrong", bad, c, err)
 		}
 	}
 }

@@ -1,4 +1,5 @@
-// go-calls shows a test what the Go SDK hands a tool handler: who called, a cancel, progress.
+// go-calls is the Go SDK's fixture bundle for tests/support/call_contract.py: what the SDK hands
+// a tool handler about its call (the caller from _meta, a cancel, progress), one tool for each.
 package main
 
 import (
@@ -6,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	meshsdk "mesh.local/sdk/go"
@@ -14,15 +14,15 @@ import (
 
 // whoamiIn lets a caller claim to be anyone; the tool must ignore it.
 type whoamiIn struct {
+	Caller  any    `json:"caller,omitempty" jsonschema:"ignored: a claim, not an identity"`
 	Account string `json:"account,omitempty" jsonschema:"ignored: a claim, not an identity"`
 	User    string `json:"user,omitempty" jsonschema:"ignored: a claim, not an identity"`
 }
 
 type whoamiOut struct {
-	// any, not *meshsdk.Caller: its user and name may be null, which a string field's inferred
+	// any, not *meshsdk.Caller: user and name may be null, which a string field's inferred
 	// schema would refuse when the go-sdk checks the output.
-	Caller any    `json:"caller" jsonschema:"the caller the node stamped, or null"`
-	ID     string `json:"id" jsonschema:"the caller's stable key, or empty"`
+	Caller any `json:"caller" jsonschema:"the caller the node stamped (with its id), or null"`
 }
 
 func whoami(ctx context.Context, _ whoamiIn) (string, whoamiOut, error) {
@@ -30,52 +30,60 @@ func whoami(ctx context.Context, _ whoamiIn) (string, whoamiOut, error) {
 	if c == nil {
 		return "no caller", whoamiOut{}, nil
 	}
-	return c.ID(), whoamiOut{Caller: c, ID: c.ID()}, nil
+	seen := map[string]any{"account": c.Account, "user": nullable(c.User), "name": nullable(c.Name), "via": c.Via, "id": c.ID()}
+	return c.ID(), whoamiOut{Caller: seen}, nil
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 type waitIn struct {
-	Tag string `json:"tag" jsonschema:"names the marker file written when the call is cancelled"`
+	Marker string `json:"marker" jsonschema:"a file: \"started\" is written to it, then \"cancelled\" once the call is cancelled"`
 }
 
-// wait blocks until the call is cancelled, then leaves a marker in the data folder so the test
-// can see that the cancel reached the handler even though no reply is sent.
-func wait(dataDir string) meshsdk.Handler[waitIn, any] {
-	return func(ctx context.Context, in waitIn) (string, any, error) {
-		select {
-		case <-ctx.Done():
-			marker := filepath.Join(dataDir, "cancelled-"+filepath.Base(in.Tag))
-			if err := os.WriteFile(marker, []byte(ctx.Err().Error()), 0o600); err != nil {
-				slog.Error("cannot write the cancel marker", "error", err)
-			}
-			return "", nil, ctx.Err()
-		case <-time.After(30 * time.Second):
-			return "not cancelled", nil, nil
+// waitCancel blocks until its call is cancelled and says so in the marker file: the reply that
+// follows must never be sent, so the file is how a test sees that the cancel arrived.
+func waitCancel(ctx context.Context, in waitIn) (string, any, error) {
+	if err := os.WriteFile(in.Marker, []byte("started\n"), 0o600); err != nil {
+		return "", nil, err
+	}
+	select {
+	case <-ctx.Done():
+		f, err := os.OpenFile(in.Marker, os.O_APPEND|os.O_WRONLY, 0)
+		if err == nil {
+			_, err = f.WriteString("cancelled\n")
+			f.Close()
 		}
+		if err != nil {
+			slog.Error("cannot write the cancel marker", "error", err)
+		}
+		return "", nil, ctx.Err()
+	case <-time.After(30 * time.Second):
+		return "not cancelled", nil, nil
 	}
 }
 
 type countIn struct {
-	N int `json:"n" jsonschema:"how many steps, each reported as progress"`
+	Steps int `json:"steps" jsonschema:"how many steps, each reported as progress"`
 }
 
 func count(ctx context.Context, in countIn) (string, any, error) {
-	for i := 1; i <= in.N; i++ {
-		if err := meshsdk.Progress(ctx, float64(i), float64(in.N), fmt.Sprintf("step %d of %d", i, in.N)); err != nil {
+	for i := 1; i <= in.Steps; i++ {
+		if err := meshsdk.Progress(ctx, float64(i), float64(in.Steps), fmt.Sprintf("step %d", i)); err != nil {
 			return "", nil, err
 		}
 	}
-	return fmt.Sprintf("counted to %d", in.N), nil, nil
+	return fmt.Sprintf("counted %d", in.Steps), nil, nil
 }
 
 func main() {
 	server := meshsdk.NewServer("go-calls", "0.1.0")
-	env, err := meshsdk.Facts()
-	if err != nil {
-		slog.Error("needs the MESH_* facts", "error", err)
-		os.Exit(2)
-	}
 	meshsdk.AddTool(server, "whoami", "Who called, as the node stamped it.", whoami)
-	meshsdk.AddTool(server, "wait", "Waits until cancelled.", wait(env.DataDir))
+	meshsdk.AddTool(server, "wait_cancel", "Waits until cancelled.", waitCancel)
 	meshsdk.AddTool(server, "count", "Counts, reporting each step as progress.", count)
 	if err := meshsdk.Serve(context.Background(), server); err != nil {
 		slog.Error("stdio session failed", "error", err)
