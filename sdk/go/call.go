@@ -60,7 +60,7 @@ const MaxCallerFieldBytes = 256
 // 256 bytes without control characters, via one of "bus", "local", "mcp".
 func ParseCaller(meta map[string]any) (*Caller, error) {
 	raw, ok := meta[CallerMetaKey]
-	if !ok || raw == nil {
+	if !ok {
 		return nil, nil
 	}
 	obj, ok := raw.(map[string]any)

@@ -198,7 +198,7 @@ func TestParseCaller(t *testing.T) {
 	if wire, _ := json.Marshal(c); string(wire) != `{"account":"BOB","user":null,"name":null,"via":"local"}` {
 		t.Fatalf("wire form %s", wire)
 	}
-	for _, absent := range []map[string]any{nil, {}, {CallerMetaKey: nil}, {"progressToken": 1}} {
+	for _, absent := range []map[string]any{nil, {}, {"progressToken": 1}} {
 		if c, err := ParseCaller(absent); c != nil || err != nil {
 			t.Errorf("ParseCaller(%v) = %+v, %v; want nil, nil", absent, c, err)
 		}
@@ -211,7 +211,7 @@ func TestParseCaller(t *testing.T) {
 		t.Fatalf("a caller without user and name keys: %+v, %v", c, err)
 	}
 	malformed := []any{
-		"ALICE", 7, []any{"ALICE"}, map[string]any{},
+		nil, "ALICE", 7, []any{"ALICE"}, map[string]any{},
 		map[string]any{"user": "alice", "via": "bus"},
 		map[string]any{"account": "", "via": "bus"},
 		map[string]any{"account": 3, "via": "bus"},
