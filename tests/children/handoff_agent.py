@@ -35,14 +35,14 @@ class Refused(Exception):
 class Bus:
     """The seat's verbs as requests on mesh.seat.handoff.<verb>, on this agent's own connection."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, name: str) -> None:
+        self.url, self.name = url, name
         self.nc: Any = None
 
     async def start(self) -> None:
         import nats
 
-        self.nc = await nats.connect(self.url, name=f"handoff-agent-{Path(sys.argv[0]).stem}")
+        self.nc = await nats.connect(self.url, name=self.name)
 
     async def call(self, verb: str, arguments: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
         msg = await self.nc.request(f"mesh.seat.{SEAT}.{verb}", json.dumps(arguments).encode(), timeout=timeout)
@@ -178,7 +178,7 @@ async def main() -> int:
     parser.add_argument("--relay", action="store_true")
     parser.add_argument("--expect", type=int, default=2, help="B: how many entries to handle")
     args = parser.parse_args()
-    transport: Bus | Relay = Bus(args.bus) if args.bus else Relay()
+    transport: Bus | Relay = Bus(args.bus, f"handoff-agent-{args.role}") if args.bus else Relay()
     agent = Agent(transport, args.workdir)
     await transport.start()
     try:
