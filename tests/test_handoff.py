@@ -29,8 +29,12 @@ BOB = {"account": "BOB", "user": "bob", "name": None, "via": "bus"}
 CAROL = {"account": "CAROL", "user": None, "name": None, "via": "local"}
 VERBS = {"open", "list", "get", "claim", "answer", "ask", "reply", "block", "escalate", "wait", "holders", "attention"}
 TOPICS = ["geld", "aussenwirkung", "irreversibel", "zugangsdaten", "prioritaet_scope"]
-QUESTION = {"projekt": "p", "frage": "Which port does the staging database listen on?",
-            "versucht": "read the repo's docs and configs", "benoetigt": "the port number"}
+QUESTION = {
+    "projekt": "p",
+    "frage": "Which port does the staging database listen on?",
+    "versucht": "read the repo's docs and configs",
+    "benoetigt": "the port number",
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +49,14 @@ class Desk:
     """The handoff child over stdio; each call says who makes it, as the node would."""
 
     def __init__(self, stage: Path, data: Path, limits: dict[str, str]) -> None:
-        env = {"MESH_NODE": "test-node", "MESH_MODULE": "handoff", "MESH_BUNDLE": "tools",
-               "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(data), **limits}
+        env = {
+            "MESH_NODE": "test-node",
+            "MESH_MODULE": "handoff",
+            "MESH_BUNDLE": "tools",
+            "MESH_BUNDLE_DIR": str(stage),
+            "MESH_DATA_DIR": str(data),
+            **limits,
+        }
         self.client = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
         self.client.initialize()
 
@@ -105,7 +115,7 @@ def test_point1_an_entry_without_the_four_fields_is_refused(desk: Desk) -> None:
 
 def test_without_a_caller_nothing_is_opened_or_claimed(desk: Desk) -> None:
     text = desk.refused(None, "open", **QUESTION)
-    assert "no caller identity" in text and 'mesh/caller' in text
+    assert "no caller identity" in text and "mesh/caller" in text
     entry = desk.ok(ALICE, "open", **QUESTION)
     assert "no caller identity" in desk.refused(None, "claim", id=entry["id"])
     assert desk.ok(None, "get", id=entry["id"])["state"] == "open", "reading needs no identity"
@@ -201,11 +211,18 @@ def test_point6_the_full_log_is_readable(desk: Desk) -> None:
     desk.ok(BOB, "answer", id=entry["id"], antwort="5433")
     log = desk.ok(CAROL, "get", id=entry["id"])["log"]
     assert [(line["who"], line["from"], line["to"]) for line in log] == [
-        ("ALICE/alice", "", "open"), ("BOB/bob", "open", "claimed"), ("BOB/bob", "claimed", "claimed"),
-        ("ALICE/alice", "claimed", "claimed"), ("BOB/bob", "claimed", "resolved"),
+        ("ALICE/alice", "", "open"),
+        ("BOB/bob", "open", "claimed"),
+        ("BOB/bob", "claimed", "claimed"),
+        ("ALICE/alice", "claimed", "claimed"),
+        ("BOB/bob", "claimed", "resolved"),
     ]
     assert [line["why"] for line in log] == [
-        "opened", "claimed", "follow-up question: which region?", "reply to the follow-up: eu-west", "answered",
+        "opened",
+        "claimed",
+        "follow-up question: which region?",
+        "reply to the follow-up: eu-west",
+        "answered",
     ]
     stamps = [line["at"] for line in log]
     assert stamps == sorted(stamps) and all(s.endswith("Z") for s in stamps)
@@ -244,10 +261,17 @@ def test_entries_survive_a_restart(make_desk: Callable[..., Desk]) -> None:
 
 
 def test_a_bad_limit_is_named(stage: Path, tmp_path: Path) -> None:
-    env = {"MESH_NODE": "n", "MESH_MODULE": "handoff", "MESH_BUNDLE": "tools", "MESH_BUNDLE_DIR": str(stage),
-           "MESH_DATA_DIR": str(tmp_path / "d"), "HANDOFF_CLAIM_S": "ten minutes"}
+    env = {
+        "MESH_NODE": "n",
+        "MESH_MODULE": "handoff",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage),
+        "MESH_DATA_DIR": str(tmp_path / "d"),
+        "HANDOFF_CLAIM_S": "ten minutes",
+    }
     client = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
     assert client.proc.wait(10) == 2
+    assert client.proc.stderr is not None
     stderr = client.proc.stderr.read().decode()
     assert "HANDOFF_CLAIM_S" in stderr and "ten minutes" in stderr
 
@@ -255,8 +279,9 @@ def test_a_bad_limit_is_named(stage: Path, tmp_path: Path) -> None:
 def test_go_unit_tests() -> None:
     """`go test` of bundles/handoff/src: the state machine and the clocks on a fake clock."""
     require(TOOLCHAIN)
-    proc = subprocess.run(["go", "test", "-count=1", "./..."], cwd=MODULE_DIR / "src",
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["go", "test", "-count=1", "./..."], cwd=MODULE_DIR / "src", capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok" in proc.stdout
 
@@ -269,12 +294,22 @@ async def test_built_delivered_and_served(tmp_path: Path, node_factory: Any, nat
     empty.mkdir()
     node = node_factory(empty)
     out = tmp_path / "out"
-    built = subprocess.run([*MESHCTL, "bundle", "build", str(MODULE_DIR), "--out", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=900)
+    built = subprocess.run(
+        [*MESHCTL, "bundle", "build", str(MODULE_DIR), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     [artifact] = out.glob("handoff-*.tar.gz")
-    delivered = subprocess.run([*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
-                               cwd=REPO, capture_output=True, text=True, timeout=120)
+    delivered = subprocess.run(
+        [*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert delivered.returncode == 0, delivered.stdout + delivered.stderr
     nc = await client(nats_server.url)
     try:
@@ -291,6 +326,10 @@ async def test_built_delivered_and_served(tmp_path: Path, node_factory: Any, nat
                 await asyncio.sleep(0.1)
         assert (code, listed["structuredContent"]) == (200, {"entries": []})
         code, refused = await call(nc, "mesh.seat.handoff.list", {"state": "done"})
-        assert code == 200 and refused["isError"] is True and 'state "done" is not a state' in refused["content"][0]["text"]
+        assert (
+            code == 200
+            and refused["isError"] is True
+            and 'state "done" is not a state' in refused["content"][0]["text"]
+        )
     finally:
         await nc.close()

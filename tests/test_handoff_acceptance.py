@@ -69,13 +69,18 @@ def workdirs(tmp_path: Path) -> tuple[Path, Path]:
 
 def start_agent(role: str, workdir: Path, transport: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(AGENT), role, "--workdir", str(workdir), *transport], cwd=workdir,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(AGENT), role, "--workdir", str(workdir), *transport],
+        cwd=workdir,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def assert_the_seven_points(a_dir: Path, b_dir: Path, get: Callable[[str], dict[str, Any]],
-                            attention: list[dict[str, Any]]) -> None:
+def assert_the_seven_points(
+    a_dir: Path, b_dir: Path, get: Callable[[str], dict[str, Any]], attention: list[dict[str, Any]]
+) -> None:
     """Every point of the seed's acceptance a machine can check, from the agents' folders and
     reports and from the store as the watcher reads it afterwards."""
     ra = json.loads((a_dir / "report.json").read_text())
@@ -85,14 +90,20 @@ def assert_the_seven_points(a_dir: Path, b_dir: Path, get: Callable[[str], dict[
 
     # 1. A's question is real: nothing A can reach holds the factor, and A looked before asking.
     assert ra["could_answer_alone"] is False
-    assert not any("scale_factor" in p.read_text() for p in a_dir.glob("*") if p.name not in ("report.json", "output.txt"))
+    assert not any(
+        "scale_factor" in p.read_text() for p in a_dir.glob("*") if p.name not in ("report.json", "output.txt")
+    )
     first, second = get(ra["entry1"]), get(ra["entry2"])
     assert "task.json" in first["versucht"] and "notes.txt" in first["versucht"]
 
     # 2. B found entry 1 by polling handoff.list, not by a call from A; B became its one owner.
     assert rb["calls"][0] == "list" and rb["calls"].count("list") >= 1
     assert [h["id"] for h in rb["handled"]] == [ra["entry1"], ra["entry2"]]
-    assert [(line["who"], line["to"]) for line in first["log"]] == [(a_id, "open"), (b_id, "claimed"), (b_id, "resolved")]
+    assert [(line["who"], line["to"]) for line in first["log"]] == [
+        (a_id, "open"),
+        (b_id, "claimed"),
+        (b_id, "resolved"),
+    ]
     assert first["opener"] == a_id and first["owner"] == b_id
 
     # 3. The answer is in the store, on the entry's id.
@@ -106,8 +117,11 @@ def assert_the_seven_points(a_dir: Path, b_dir: Path, get: Callable[[str], dict[
     # 5. Entry 2 ends blocked after exactly one follow-up and one reply, and reaches no human.
     assert second["state"] == "blocked" and second["owner"] == b_id and ra["replied"] is True
     assert [(line["who"], line["from"], line["to"]) for line in second["log"]] == [
-        (a_id, "", "open"), (b_id, "open", "claimed"), (b_id, "claimed", "claimed"),
-        (a_id, "claimed", "claimed"), (b_id, "claimed", "blocked"),
+        (a_id, "", "open"),
+        (b_id, "open", "claimed"),
+        (b_id, "claimed", "claimed"),
+        (a_id, "claimed", "claimed"),
+        (b_id, "claimed", "blocked"),
     ]
     assert second["rueckfrage"] and second["rueckfrage_antwort"] and second["grund"]
 
@@ -119,8 +133,13 @@ def assert_the_seven_points(a_dir: Path, b_dir: Path, get: Callable[[str], dict[
     assert {line["who"] for e in (first, second) for line in e["log"]} == {a_id, b_id}
 
 
-def run_agents(a_dir: Path, b_dir: Path, a_transport: list[str], b_transport: list[str],
-               serve: Callable[[subprocess.Popen[str], dict[str, Any]], None] | None = None) -> None:
+def run_agents(
+    a_dir: Path,
+    b_dir: Path,
+    a_transport: list[str],
+    b_transport: list[str],
+    serve: Callable[[subprocess.Popen[str], dict[str, Any]], None] | None = None,
+) -> None:
     """Start B (polling) and A, let them run to their end; nothing else happens meanwhile."""
     agent_b = start_agent("b", b_dir, b_transport)
     agent_a = start_agent("a", a_dir, a_transport)
@@ -132,7 +151,7 @@ def run_agents(a_dir: Path, b_dir: Path, a_transport: list[str], b_transport: li
             proc.wait(AGENT_TIMEOUT_S)
             report = (a_dir if name == "A" else b_dir) / "report.json"
             said = json.loads(report.read_text()).get("error") if report.is_file() else "no report"
-            assert proc.returncode == 0, f"agent {name} failed: {said}\n{proc.stderr.read()}"
+            assert proc.returncode == 0, f"agent {name} failed: {said}\n{proc.stderr.read() if proc.stderr else ''}"
     finally:
         for proc in (agent_a, agent_b):
             if proc.poll() is None:
@@ -191,8 +210,13 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def relay(stage: Path, tmp_path: Path) -> Iterator[Relay]:
-    env = {"MESH_NODE": "test-node", "MESH_MODULE": "handoff", "MESH_BUNDLE": "tools",
-           "MESH_BUNDLE_DIR": str(stage), "MESH_DATA_DIR": str(tmp_path / "data")}
+    env = {
+        "MESH_NODE": "test-node",
+        "MESH_MODULE": "handoff",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(stage),
+        "MESH_DATA_DIR": str(tmp_path / "data"),
+    }
     child = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
     child.initialize()
     yield Relay(child)
@@ -215,7 +239,8 @@ def test_two_agents_through_a_relay(relay: Relay, tmp_path: Path) -> None:
 # runtime/identity.py exists and the bus tests must pass.
 IDENTITY_WIRED = (REPO / "runtime" / "identity.py").is_file()
 NEEDS_IDENTITY = pytest.mark.xfail(
-    not IDENTITY_WIRED, strict=True,
+    not IDENTITY_WIRED,
+    strict=True,
     reason="the node does not yet pass the caller (Nats-Request-Info) to the child as _meta['mesh/caller'] (issue 10)",
 )
 PASSWORD = "handoff-test"
@@ -225,14 +250,15 @@ def accounts_server(workdir: Path, agents: dict[str, dict[str, Any]]) -> NatsSer
     """A nats-server whose mesh account (the node's; JetStream) exports the mesh's subjects as a
     service, and one account per agent importing it with share: true, so the server stamps every
     request with the caller's account and user. Users of the mesh account are infrastructure."""
-    blocks = ["MESH: {\n  jetstream: enabled\n  users: [{user: mesh, password: %s}]\n"
-              "  exports: [{service: \"mesh.seat.>\"}, {service: \"mesh.tool.>\"}]\n}" % PASSWORD]
+    blocks = [
+        "MESH: {\n  jetstream: enabled\n  users: [{user: mesh, password: " + PASSWORD + "}]\n"
+        '  exports: [{service: "mesh.seat.>"}, {service: "mesh.tool.>"}]\n}'
+    ]
     for caller in agents.values():
         blocks.append(
-            "%s: {\n  users: [{user: %s, password: %s}]\n"
-            "  imports: [{service: {account: MESH, subject: \"mesh.seat.>\"}, share: true},"
-            " {service: {account: MESH, subject: \"mesh.tool.>\"}, share: true}]\n}"
-            % (caller["account"], caller["user"], PASSWORD)
+            f"{caller['account']}: {{\n  users: [{{user: {caller['user']}, password: {PASSWORD}}}]\n"
+            '  imports: [{service: {account: MESH, subject: "mesh.seat.>"}, share: true},'
+            ' {service: {account: MESH, subject: "mesh.tool.>"}, share: true}]\n}'
         )
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "accounts.conf"

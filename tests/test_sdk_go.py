@@ -67,8 +67,11 @@ def calls_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def contract(calls_stage: Path, tmp_path: Path) -> Iterator[Wire]:
     env = {
-        "MESH_NODE": "test-node", "MESH_MODULE": "go-calls", "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(calls_stage), "MESH_DATA_DIR": str(tmp_path / "data"),
+        "MESH_NODE": "test-node",
+        "MESH_MODULE": "go-calls",
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(calls_stage),
+        "MESH_DATA_DIR": str(tmp_path / "data"),
     }
     with serving([str(calls_stage / "bin" / "go-calls")], cwd=calls_stage, env=env) as wire:
         yield wire
@@ -166,4 +169,3 @@ def test_compile_error_is_build_failed(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as e:
         TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "undefinedThing" in e.value.output
-

@@ -105,13 +105,18 @@ async def agent_a(agent: Agent) -> None:
 
     # Half 2 needs the scale factor. A looks everywhere it can reach first: that is `versucht`.
     looked = sorted(str(p.relative_to(agent.workdir)) for p in agent.workdir.rglob("*") if p.is_file())
-    known = [p for p in agent.workdir.rglob("*") if p.is_file() and "scale_factor" in p.read_text(errors="replace")
-             and p.name != "task.json"]
+    known = [
+        p
+        for p in agent.workdir.rglob("*")
+        if p.is_file() and "scale_factor" in p.read_text(errors="replace") and p.name != "task.json"
+    ]
     agent.report["could_answer_alone"] = bool(known)
     if known:
         raise SystemExit("A found the factor itself: the question would not be real")
     first = await agent.verb(
-        "open", projekt=task["projekt"], frage="What is the scale_factor in the calibration file of the line?",
+        "open",
+        projekt=task["projekt"],
+        frage="What is the scale_factor in the calibration file of the line?",
         versucht=f"searched my own workdir ({', '.join(looked)}); the calibration file is not there",
         benoetigt="the scale_factor as a number",
     )
@@ -120,14 +125,22 @@ async def agent_a(agent: Agent) -> None:
     agent.report["entry1_state"] = entry["state"]
     if entry["state"] != "resolved":
         raise SystemExit(f"entry 1 ended {entry['state']}; half 2 cannot be done")
-    factor = float(re.search(r"-?\d+(?:\.\d+)?", entry["antwort"]).group())  # half 2 uses the answer
+    number = re.search(r"-?\d+(?:\.\d+)?", entry["antwort"])
+    if number is None:
+        raise SystemExit(f"entry 1's answer {entry['antwort']!r} holds no number; half 2 cannot be done")
+    factor = float(number.group())  # half 2 uses the answer
     half2 = half1 * factor
     agent.report["half2"] = half2
-    (agent.workdir / "output.txt").write_text(f"half 1: sum = {half1}\nhalf 2: sum * scale_factor {factor:g} = {half2:g}\n")
+    (agent.workdir / "output.txt").write_text(
+        f"half 1: sum = {half1}\nhalf 2: sum * scale_factor {factor:g} = {half2:g}\n"
+    )
 
     second = await agent.verb(
-        "open", projekt=task["projekt"], frage="What did the customer decide in yesterday's call about the deadline?",
-        versucht="read my notes and the task; the call is not in them", benoetigt="the decision, one sentence",
+        "open",
+        projekt=task["projekt"],
+        frage="What did the customer decide in yesterday's call about the deadline?",
+        versucht="read my notes and the task; the call is not in them",
+        benoetigt="the decision, one sentence",
     )
     agent.report["entry2"] = second["id"]
     replied = False

@@ -68,7 +68,9 @@ class StdioClient:
 
     def send_call(self, ident: int, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
         """Write a tools/call without reading its reply (read it with read_replies)."""
-        self._send({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": _call_params(name, arguments, meta)})
+        self._send(
+            {"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": _call_params(name, arguments, meta)}
+        )
 
     def read_replies(self, count: int, timeout: float) -> list[dict[str, Any]]:
         """`count` stdout lines, each parsed as JSON-RPC (stdout must carry only protocol).
