@@ -1,0 +1,84 @@
+"""The SQLite schema, as numbered migrations recorded in PRAGMA user_version.
+
+An upgrade delivers new code onto the old data folder: `migrate` applies, in one transaction
+each, the migrations the file has not seen yet, so the data stays. A file newer than this
+code (a downgrade) is refused rather than written by code that does not know its shape.
+Append new migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: scopes and entries. A private scope's stored slug is never addressable by a caller
+    # (callers say "private"); it exists only so the unique index covers one per owner.
+    """
+    CREATE TABLE scope (
+        id INTEGER PRIMARY KEY,
+        slug TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('global', 'project', 'private')),
+        description TEXT NOT NULL DEFAULT '',
+        owner TEXT,
+        archived INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX scope_private_owner ON scope(owner) WHERE kind = 'private';
+    CREATE TABLE entry (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: a forgotten id stays forgotten
+        scope_id INTEGER NOT NULL REFERENCES scope(id),
+        type TEXT NOT NULL,
+        key TEXT,
+        content TEXT NOT NULL,
+        author TEXT NOT NULL,
+        source TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (scope_id, key)
+    );
+    CREATE INDEX entry_newest ON entry(scope_id, updated_at DESC, id DESC);
+    INSERT INTO scope (slug, name, kind, description, created_at)
+        VALUES ('global', 'Global', 'global', 'The team-wide baseline, read first.', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+    """,
+    # 2: full-text search over content and key, kept in step by triggers; `rebuild` indexes
+    # the entries a version-1 file already holds.
+    """
+    CREATE VIRTUAL TABLE entry_text USING fts5(content, key, content='entry', content_rowid='id');
+    CREATE TRIGGER entry_text_insert AFTER INSERT ON entry BEGIN
+        INSERT INTO entry_text (rowid, content, key) VALUES (new.id, new.content, new.key);
+    END;
+    CREATE TRIGGER entry_text_delete AFTER DELETE ON entry BEGIN
+        INSERT INTO entry_text (entry_text, rowid, content, key) VALUES ('delete', old.id, old.content, old.key);
+    END;
+    CREATE TRIGGER entry_text_update AFTER UPDATE ON entry BEGIN
+        INSERT INTO entry_text (entry_text, rowid, content, key) VALUES ('delete', old.id, old.content, old.key);
+        INSERT INTO entry_text (rowid, content, key) VALUES (new.id, new.content, new.key);
+    END;
+    INSERT INTO entry_text (entry_text) VALUES ('rebuild');
+    """,
+)
+VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(Exception):
+    """The data file was written by a newer version of this module."""
+
+
+def migrate(db: sqlite3.Connection, upto: int = VERSION) -> int:
+    """Bring the file to schema `upto` (default: this code's); returns the version it had."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found > VERSION:
+        raise SchemaTooNew(
+            f"the data file has schema version {found}, newer than this module's {VERSION}: it was written by a "
+            "newer version of the memory module; deliver that version again (a downgrade would lose its changes)"
+        )
+    for number in range(found + 1, upto + 1):
+        # executescript commits first, so BEGIN here makes each migration all-or-nothing.
+        try:
+            db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[number - 1]} PRAGMA user_version = {number}; COMMIT;")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+    return found
