@@ -256,3 +256,28 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_six_types() -> None:
     assert sorted(TYPES) == sorted(["decision", "convention", "constraint", "open_question", "glossary", "status"])
+
+
+def test_two_processes_opening_a_new_file_at_once_migrate_it_once(tmp_path: Path) -> None:
+    # Separate connections racing on a fresh file, as a restarted child and an operator's tool might.
+    import threading
+
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            Store(tmp_path, Config()).close()
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    store = Store(tmp_path, Config())
+    assert store.db.execute("SELECT count(*) FROM scope WHERE kind = 'global'").fetchone()[0] == 1
+    store.close()

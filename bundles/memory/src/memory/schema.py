@@ -65,8 +65,23 @@ class SchemaTooNew(Exception):
     """The data file was written by a newer version of this module."""
 
 
+def _statements(script: str) -> list[str]:
+    """The script's statements, whole (a trigger's body with its own semicolons included)."""
+    statements, pending = [], ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    return statements
+
+
 def migrate(db: sqlite3.Connection, upto: int = VERSION) -> int:
-    """Bring the file to schema `upto` (default: this code's); returns the version it had."""
+    """Bring the file to schema `upto` (default: this code's); returns the version it had.
+
+    Each step reads the version inside its own write transaction, so two processes opening
+    the same file at once (a restarted child and an operator's tool) migrate it once.
+    """
     found = db.execute("PRAGMA user_version").fetchone()[0]
     if found > VERSION:
         raise SchemaTooNew(
@@ -74,11 +89,14 @@ def migrate(db: sqlite3.Connection, upto: int = VERSION) -> int:
             "newer version of the memory module; deliver that version again (a downgrade would lose its changes)"
         )
     for number in range(found + 1, upto + 1):
-        # executescript commits first, so BEGIN here makes each migration all-or-nothing.
+        db.execute("BEGIN IMMEDIATE")
         try:
-            db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[number - 1]} PRAGMA user_version = {number}; COMMIT;")
+            if db.execute("PRAGMA user_version").fetchone()[0] < number:
+                for statement in _statements(MIGRATIONS[number - 1]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {number}")
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
+        db.execute("COMMIT")
     return found
