@@ -42,7 +42,7 @@ def _open() -> tuple[Store | None, str]:
     except (ConfigError, SchemaTooNew, OSError, RuntimeError, sqlite3.Error) as e:  # RuntimeError: MESH_* unset
         log.error("memory cannot serve: %s", e)
         return None, f"the memory cannot serve: {e}"
-    log.info("memory: %s (policy from %s)", store.path, config.source)
+    log.info("store %s (policy from %s)", store.path, config.source)
     return store, ""
 
 
