@@ -1,6 +1,6 @@
 """The memory module behind a real node on a real nats-server: built from source, served on
-`mesh.seat.memory.<verb>`, and its data still there after the child is killed and after the
-node restarts.
+`mesh.seat.memory.<verb>`, and its data still there after the child is killed, after the
+node restarts, and after an upgrade delivered with `meshctl bundle deliver`.
 
 The node does not pass callers over the bus yet (issue 10 adds `_meta["mesh/caller"]`), so
 the entries here are written by the store in-process into the node's data folder for the
@@ -13,10 +13,17 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from tests.support.mesh import FAST_CONFIG, ROOT, call, client, wait_state
+import msgspec
+import pytest
+
+from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, call, client, status, wait_state
+from toolchains.artifact import pack, verify_and_unpack
+from toolchains.build import build_module
 
 SRC = ROOT / "bundles" / "memory" / "src"
 if str(SRC) not in sys.path:
@@ -101,3 +108,55 @@ def test_memory_is_served_and_its_data_survives_child_kill_and_node_restart(tmp_
         assert [e["id"] for e in store.recall(ALICE, scope="private")] == [secret]
     finally:
         store.close()
+
+
+def upgraded(artifact: Path, out: Path, version: str) -> Path:
+    """The same bundle as a new version: unpacked, its version changed, packed by the project's packer."""
+    stage = out / f"stage-{version}"
+    meta = verify_and_unpack(artifact, stage)
+    manifest = meta.manifest.replace(f'version = "{meta.version}"', f'version = "{version}"', 1)
+    return pack(stage, msgspec.structs.replace(meta, version=version, manifest=manifest), out)
+
+
+async def module_version(nc, node: str) -> str | None:
+    return next((m["version"] for m in (await status(nc, node))["modules"] if m["name"] == "memory"), None)
+
+
+@pytest.mark.slow
+def test_memory_data_survives_an_upgrade_delivered_by_meshctl(tmp_path: Path, node_factory, nats_server) -> None:
+    out = tmp_path / "out"
+    cache = Path(os.environ.get("MESH_TOOLCHAIN_CACHE", ROOT / ".cache" / "toolchains"))
+    [v1] = build_module(ROOT / "bundles" / "memory", out, cache_dir=cache, progress=lambda _: None)
+    v2 = upgraded(v1, out, "0.2.0")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    node = node_factory(empty, config=SDK_CONFIG)
+
+    def deliver(artifact: Path) -> None:
+        r = subprocess.run([*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+
+    async def until_version(nc, version: str) -> None:
+        deadline = time.monotonic() + 90
+        while await module_version(nc, node.name) != version:
+            assert time.monotonic() < deadline, f"memory {version} never came up: {await status(nc, node.name)}"
+            await asyncio.sleep(0.2)
+        await wait_state(nc, node.name, "memory/tools", "ready", timeout=60)
+
+    async def run() -> None:
+        nc = await client(nats_server.url)
+        try:
+            deliver(v1)
+            await until_version(nc, "0.1.0")
+            shared, _ = seed(node.state_dir / "data" / "memory")
+            assert await recall_ids(nc) == [shared]
+            pid = (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"]
+            deliver(v2)
+            await until_version(nc, "0.2.0")
+            assert (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"] != pid  # a new child
+            assert await recall_ids(nc, query="postgres") == [shared]
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
