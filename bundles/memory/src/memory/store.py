@@ -113,9 +113,9 @@ class Store:
         self.db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One call, one transaction: a refusal or a crash halfway writes nothing."""
-        self.db.execute("BEGIN IMMEDIATE")
+    def _tx(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """One call, one transaction: a refusal or a crash halfway writes nothing; a read sees one state."""
+        self.db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
             yield self.db
         except BaseException:
@@ -172,7 +172,7 @@ class Store:
         return me
 
     def scopes(self, who: Writer | None) -> list[dict[str, Any]]:
-        with self._tx():
+        with self._tx(write=False):
             rows = self.db.execute(
                 "SELECT * FROM scope s WHERE kind != 'private' ORDER BY kind = 'project', slug"
             ).fetchall()
@@ -261,7 +261,7 @@ class Store:
         query: Any = None,
         limit: Any = DEFAULT_LIMIT,
     ) -> list[dict[str, Any]]:
-        with self._tx():
+        with self._tx(write=False):
             where = [_VISIBLE]
             params: dict[str, Any] = {"me": who.id if who else None, "limit": check_int(limit, "limit", 1, MAX_LIMIT)}
             if scope is not None:
@@ -319,7 +319,7 @@ class Store:
             return row["id"]
 
     def load_context(self, who: Writer | None, projects: Any = None, budget_chars: Any = DEFAULT_BUDGET) -> dict[str, Any]:
-        with self._tx():
+        with self._tx(write=False):
             budget = check_int(budget_chars, "budget_chars", 1, MAX_BUDGET)
             if projects is None:
                 projects = []
