@@ -270,6 +270,7 @@ CALL_BUNDLE = textwrap.dedent(
     from pathlib import Path
 
     import anyio
+    import anyio.from_thread
     from mesh_sdk import CallToolResult, Context, Server, caller, cancelled, progress, result
 
     server = Server("call")
@@ -288,7 +289,7 @@ CALL_BUNDLE = textwrap.dedent(
         try:
             await anyio.sleep(30)
         except anyio.get_cancelled_exc_class():
-            Path(marker).write_text("cancelled at await")
+            Path(marker).write_text(f"cancelled at await; cancelled()={cancelled()}")
             raise
         return "waited"
 
@@ -306,6 +307,12 @@ CALL_BUNDLE = textwrap.dedent(
     async def steps(ctx: Context) -> str:
         for done in (1, 2, 3):
             await progress(ctx, done, 3, f"step {done}")
+        return "stepped"
+
+    @server.tool()
+    def steps_sync(ctx: Context) -> str:
+        for done in (1, 2, 3):
+            anyio.from_thread.run(progress, ctx, done, 3, f"step {done}")
         return "stepped"
 
     server.run()
@@ -388,7 +395,7 @@ def wait_for_file(path: Path, timeout: float = 5) -> str:
     return path.read_text()
 
 
-@pytest.mark.parametrize("tool, seen", [("wait", "cancelled at await"), ("spin", "cancelled() said so")])
+@pytest.mark.parametrize("tool, seen", [("wait", "cancelled at await; cancelled()=True"), ("spin", "cancelled() said so")])
 def test_cancel_reaches_the_handler_and_no_result_is_sent(call_child: RawChild, tmp_path: Path, tool: str, seen: str) -> None:
     marker = tmp_path / f"{tool}.cancelled"
     call_child.call(1, tool, {"marker": str(marker)})
@@ -403,8 +410,9 @@ def test_cancel_reaches_the_handler_and_no_result_is_sent(call_child: RawChild, 
     assert call_child.proc.stdout.read() == b""  # type: ignore[union-attr]
 
 
-def test_three_progress_notifications_in_order(call_child: RawChild) -> None:
-    call_with_meta(call_child, 1, "steps", {}, {"progressToken": "tok-1"})
+@pytest.mark.parametrize("tool", ["steps", "steps_sync"])
+def test_three_progress_notifications_in_order(call_child: RawChild, tool: str) -> None:
+    call_with_meta(call_child, 1, tool, {}, {"progressToken": "tok-1"})
     lines = [read_within(call_child) for _ in range(4)]
     notes = [line["params"] for line in lines[:3]]
     assert [line["method"] for line in lines[:3]] == ["notifications/progress"] * 3
@@ -414,8 +422,9 @@ def test_three_progress_notifications_in_order(call_child: RawChild) -> None:
     assert lines[3]["id"] == 1 and lines[3]["result"]["content"][0]["text"] == "stepped"
 
 
-def test_progress_without_a_token_sends_nothing(call_child: RawChild) -> None:
-    call_child.call(1, "steps", {})
+@pytest.mark.parametrize("tool", ["steps", "steps_sync"])
+def test_progress_without_a_token_sends_nothing(call_child: RawChild, tool: str) -> None:
+    call_child.call(1, tool, {})
     assert answer(call_child, 1)["content"][0]["text"] == "stepped"
 
 
