@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import stat
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from manifests import load_module
+from tests.support.call_contract import CallContractTests, Wire, check_cancel, check_progress, serving
 from tests.support.stdio_client import StdioClient
 from toolchains.base import BuildContext, BuildFailed, BuildOutput
 from toolchains.python import TOOLCHAIN, VENDOR
@@ -210,18 +209,13 @@ SLOW_BUNDLE = textwrap.dedent(
 )
 
 
-def started(tmp_path: Path, source: str):
-    """A child running `source` as its main.py, initialised; closed when the test ends."""
-    (tmp_path / "main.py").write_text(source)
+@pytest.fixture
+def slow_child(tmp_path: Path):
+    (tmp_path / "main.py").write_text(SLOW_BUNDLE)
     child = RawChild([sys.executable, "main.py"], tmp_path, from_source_env(tmp_path, tmp_path))
     child.initialize()
     yield child
     child.close()
-
-
-@pytest.fixture
-def slow_child(tmp_path: Path):
-    yield from started(tmp_path, SLOW_BUNDLE)
 
 
 def test_slow_calls_do_not_hold_up_others(slow_child: RawChild) -> None:
@@ -263,169 +257,27 @@ def test_closing_stdin_exits_at_once_with_a_call_in_flight(slow_child: RawChild)
 
 # --- the call: caller, cancellation, progress (the shared contract on params._meta) ------------
 
-CALL_BUNDLE = textwrap.dedent(
-    """
-    import sys
-    import time
-    from pathlib import Path
-
-    import anyio
-    import anyio.from_thread
-    from mesh_sdk import CallToolResult, Context, Server, caller, cancelled, progress, result
-
-    server = Server("call")
-
-    @server.tool()
-    def whoami(ctx: Context, account: str = "", author: str = "") -> CallToolResult:
-        # account and author are arguments a forger would fill in; only _meta counts.
-        who = caller(ctx)
-        if who is None:
-            return result("nobody", {"caller": None})
-        return result(who.id, {"caller": {"account": who.account, "user": who.user, "name": who.name,
-                                          "via": who.via}, "id": who.id})
-
-    @server.tool()
-    async def wait(marker: str) -> str:
-        try:
-            await anyio.sleep(30)
-        except anyio.get_cancelled_exc_class():
-            Path(marker).write_text(f"cancelled at await; cancelled()={cancelled()}")
-            raise
-        return "waited"
-
-    @server.tool()
-    def spin(marker: str) -> str:
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            if cancelled():
-                Path(marker).write_text("cancelled() said so")
-                return "stopped early"
-            time.sleep(0.01)
-        return "spun"
-
-    @server.tool()
-    async def steps(ctx: Context) -> str:
-        for done in (1, 2, 3):
-            await progress(ctx, done, 3, f"step {done}")
-        return "stepped"
-
-    @server.tool()
-    def steps_sync(ctx: Context) -> str:
-        for done in (1, 2, 3):
-            anyio.from_thread.run(progress, ctx, done, 3, f"step {done}")
-        return "stepped"
-
-    server.run()
-    """
-)
+CONTRACT_SERVER = SDK / "fixtures" / "contract_server.py"
 
 
 @pytest.fixture
-def call_child(tmp_path: Path):
-    yield from started(tmp_path, CALL_BUNDLE)
+def contract(tmp_path: Path) -> Iterator[Wire]:
+    """The SDK's fixture bundle (sdk/python/fixtures/contract_server.py) over real stdio, initialized."""
+    with serving([sys.executable, str(CONTRACT_SERVER)], cwd=tmp_path, env=from_source_env(tmp_path, tmp_path)) as wire:
+        yield wire
 
 
-def call_with_meta(child: RawChild, id: int, name: str, arguments: dict[str, Any], meta: Any) -> None:
-    child.send({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": name, "arguments": arguments, "_meta": meta}})
+class TestCallContract(CallContractTests):
+    """Caller (caller(ctx)), cancellation (the task is cancelled; cancelled() is true) and progress,
+    as tests/support/call_contract.py checks them for every SDK."""
 
 
-def read_within(child: RawChild, timeout: float = 10) -> dict[str, Any]:
-    """The next line, or the test fails after `timeout` (the child is killed, which ends the reader)."""
-    lines: queue.Queue[dict[str, Any]] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(child.read()), daemon=True).start()
-    try:
-        return lines.get(timeout=timeout)
-    except queue.Empty:
-        child.proc.kill()
-        raise AssertionError(f"no line from the child within {timeout}s") from None
+def test_a_plain_def_tool_sees_the_cancel_by_polling(contract: Wire, tmp_path: Path) -> None:
+    check_cancel(contract, tmp_path / "marker", tool="spin")
 
 
-def answer(child: RawChild, id: int) -> dict[str, Any]:
-    reply = read_within(child)
-    assert reply.get("id") == id, reply
-    return reply["result"]
-
-
-def test_caller_is_exactly_what_meta_says_and_never_the_arguments(call_child: RawChild) -> None:
-    stamped = {"account": "ALICE", "user": "alice", "name": "alice-client", "via": "bus"}
-    forged = {"account": "BOB", "author": "BOB/bob"}
-    call_with_meta(call_child, 1, "whoami", forged, {"mesh/caller": stamped})
-    assert answer(call_child, 1)["structuredContent"] == {"caller": stamped, "id": "ALICE/alice"}
-
-    # Without a user the id is the account alone; user and name may be null.
-    local = {"account": "MESH", "user": None, "name": None, "via": "local"}
-    call_with_meta(call_child, 2, "whoami", {}, {"mesh/caller": local})
-    assert answer(call_child, 2)["structuredContent"] == {"caller": local, "id": "MESH"}
-
-    # No caller (run by hand): None, not a crash and not a guess.
-    call_child.call(3, "whoami", {"account": "ALICE"})
-    assert answer(call_child, 3)["structuredContent"] == {"caller": None}
-
-
-@pytest.mark.parametrize("malformed", [
-    "ALICE",
-    ["ALICE"],
-    {},
-    {"account": "ALICE"},  # no via
-    {"account": "ALICE", "via": "carrier-pigeon"},
-    {"account": 7, "via": "bus"},
-    {"account": "", "via": "bus"},
-    {"account": "ALICE", "user": ["alice"], "via": "bus"},
-    {"account": "ALICE", "user": "", "via": "bus"},
-    {"account": "A" * 300, "via": "bus"},
-    {"account": "ALI\nCE", "via": "bus"},
-])
-def test_a_malformed_caller_is_none_and_the_child_goes_on(call_child: RawChild, malformed: Any) -> None:
-    call_with_meta(call_child, 1, "whoami", {}, {"mesh/caller": malformed})
-    assert answer(call_child, 1)["structuredContent"] == {"caller": None}
-    call_with_meta(call_child, 2, "whoami", {}, {"mesh/caller": {"account": "BOB", "via": "bus"}})
-    assert answer(call_child, 2)["structuredContent"]["id"] == "BOB"
-
-
-def cancel(child: RawChild, id: int) -> None:
-    child.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id, "reason": "user"}})
-
-
-def wait_for_file(path: Path, timeout: float = 5) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never written: the handler did not see the cancel"
-        time.sleep(0.02)
-    return path.read_text()
-
-
-@pytest.mark.parametrize("tool, seen", [("wait", "cancelled at await; cancelled()=True"), ("spin", "cancelled() said so")])
-def test_cancel_reaches_the_handler_and_no_result_is_sent(call_child: RawChild, tmp_path: Path, tool: str, seen: str) -> None:
-    marker = tmp_path / f"{tool}.cancelled"
-    call_child.call(1, tool, {"marker": str(marker)})
-    time.sleep(0.3)
-    cancel(call_child, 1)
-    assert wait_for_file(marker) == seen
-    # A later call is answered, and it is the next line: nothing came for id 1 before it...
-    call_child.call(2, "whoami", {})
-    assert answer(call_child, 2)["structuredContent"] == {"caller": None}
-    # ...nor after it: the only line left when stdin closes is none at all.
-    call_child.close()
-    assert call_child.proc.stdout.read() == b""  # type: ignore[union-attr]
-
-
-@pytest.mark.parametrize("tool", ["steps", "steps_sync"])
-def test_three_progress_notifications_in_order(call_child: RawChild, tool: str) -> None:
-    call_with_meta(call_child, 1, tool, {}, {"progressToken": "tok-1"})
-    lines = [read_within(call_child) for _ in range(4)]
-    notes = [line["params"] for line in lines[:3]]
-    assert [line["method"] for line in lines[:3]] == ["notifications/progress"] * 3
-    assert notes == [
-        {"progressToken": "tok-1", "progress": done, "total": 3, "message": f"step {done}"} for done in (1, 2, 3)
-    ]
-    assert lines[3]["id"] == 1 and lines[3]["result"]["content"][0]["text"] == "stepped"
-
-
-@pytest.mark.parametrize("tool", ["steps", "steps_sync"])
-def test_progress_without_a_token_sends_nothing(call_child: RawChild, tool: str) -> None:
-    call_child.call(1, tool, {})
-    assert answer(call_child, 1)["content"][0]["text"] == "stepped"
+def test_progress_from_a_plain_def_tool(contract: Wire) -> None:
+    check_progress(contract, tool="count_sync")
 
 
 def test_caller_parse_and_id() -> None:
@@ -435,6 +287,9 @@ def test_caller_parse_and_id() -> None:
     assert mesh_sdk.parse_caller({"account": "BOB", "via": "bus"}).id == "BOB"  # type: ignore[union-attr]
     assert mesh_sdk.parse_caller(None) is None
     assert mesh_sdk.parse_caller({"account": "BOB", "via": "post"}) is None
+    assert mesh_sdk.parse_caller({"account": "\ud800", "via": "bus"}) is None  # not text: no crash
+    assert mesh_sdk.parse_caller({"account": "é" * 128, "via": "bus"}) is not None  # 256 bytes
+    assert mesh_sdk.parse_caller({"account": "é" * 129, "via": "bus"}) is None  # 258 bytes
 
 
 # --- SDK primitives --------------------------------------------------------------------------

@@ -147,9 +147,10 @@ def _wait_for(path: Path, text: str, timeout: float = 15) -> None:
         time.sleep(0.01)
 
 
-def check_cancel(wire: Wire, marker: Path) -> None:
-    """A cancel reaches the running handler, its call gets no reply, and the session goes on."""
-    wire.call(50, "wait_cancel", {"marker": str(marker)})
+def check_cancel(wire: Wire, marker: Path, tool: str = "wait_cancel") -> None:
+    """A cancel reaches the running handler, its call gets no reply, and the session goes on.
+    `tool` behaves as `wait_cancel` (an SDK may check more than one kind of handler)."""
+    wire.call(50, tool, {"marker": str(marker)})
     _wait_for(marker, "started")
     wire.send({"method": "notifications/cancelled", "params": {"requestId": 50, "reason": "test"}})
     wire.call(51, "whoami", {}, {"mesh/caller": CALLER})  # a later call is still answered
@@ -163,18 +164,18 @@ def check_cancel(wire: Wire, marker: Path) -> None:
     assert marker.read_text().split() == ["started", "cancelled"]
 
 
-def check_progress(wire: Wire) -> None:
+def check_progress(wire: Wire, tool: str = "count") -> None:
     """Three progress notifications with the request's token, in order, before the result;
-    none at all without a token."""
+    none at all without a token. `tool` behaves as `count`."""
     for ident, token in ((60, "tok-60"), (61, 61)):
-        wire.call(ident, "count", {"steps": 3}, {"progressToken": token})
+        wire.call(ident, tool, {"steps": 3}, {"progressToken": token})
         reply, before = wire.until(ident)
         assert reply["result"]["content"][0]["text"] == "counted 3"
         progress = [m for m in before if m.get("method") == "notifications/progress"]
         assert [m["params"] for m in progress] == [
             {"progressToken": token, "progress": i, "total": 3, "message": f"step {i}"} for i in (1, 2, 3)
         ], before
-    wire.call(62, "count", {"steps": 3})
+    wire.call(62, tool, {"steps": 3})
     reply, before = wire.until(62)
     assert reply["result"]["content"][0]["text"] == "counted 3"
     assert [m for m in before if m.get("method") == "notifications/progress"] == [], "progress sent without a token"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,8 +19,10 @@ from mcp.server.mcpserver import Context
 # The key the node sets on every tools/call's params._meta (the mesh's shared contract).
 CALLER_META_KEY = "mesh/caller"
 VIAS = ("bus", "local", "mcp")
-# An identity part longer than this is not from the node; refusing it keeps logs and keys sane.
-_MAX_PART = 256
+# Longest account, user or name accepted, in UTF-8 bytes (as every SDK of the mesh).
+MAX_CALLER_FIELD_BYTES = 256
+# C0 controls and DEL: a caller field is a name, never a line break or an escape sequence.
+_NOT_TEXT = re.compile(r"[\x00-\x1f\x7f]")
 
 _log = logging.getLogger("mesh_sdk")
 
@@ -36,41 +39,52 @@ class Caller:
     @property
     def id(self) -> str:
         """The stable key for this caller: "<account>/<user>", or "<account>" without a user."""
-        return f"{self.account}/{self.user}" if self.user else self.account
+        return f"{self.account}/{self.user}" if self.user is not None else self.account
 
 
-def _part(value: Any, *, required: bool) -> str | None:
-    """One identity field: a non-empty string of bounded length, or None when optional and absent."""
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value or len(value) > _MAX_PART or not value.isprintable():
-        raise ValueError(value)
-    return value
+def _field_problem(field: str, value: Any) -> str | None:
+    """Why `value` is not a caller field, or None when it is one."""
+    if not isinstance(value, str):
+        return f"{field} is {type(value).__name__}, not a string"
+    if not value:
+        return f"{field} is empty"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{field} is not valid text (a lone UTF-16 surrogate)"
+    if size > MAX_CALLER_FIELD_BYTES:
+        return f"{field} is longer than {MAX_CALLER_FIELD_BYTES} bytes"
+    if _NOT_TEXT.search(value):
+        return f"{field} holds control characters"
+    return None
+
+
+def _caller_problem(raw: Any) -> str | None:
+    if not isinstance(raw, Mapping):
+        return "it is not an object"
+    user, name = raw.get("user"), raw.get("name")
+    return (
+        _field_problem("account", raw.get("account"))
+        or (None if user is None else _field_problem("user", user))
+        or (None if name is None else _field_problem("name", name))
+        or ("account holds a /" if "/" in raw["account"] else None)  # it would make `id` ambiguous
+        or (None if raw.get("via") in VIAS else f"via is not one of {', '.join(VIAS)}")
+    )
 
 
 def parse_caller(raw: Any) -> Caller | None:
     """The caller from a `_meta["mesh/caller"]` value; None when absent or malformed.
 
     Malformed never raises: a handler asked who is calling gets "nobody I can vouch for"
-    rather than a crash, and the value is logged (repr, one line) for whoever debugs the node.
+    rather than a crash, and the reason is logged (one WARNING line) for whoever debugs the node.
     """
     if raw is None:
         return None
-    try:
-        if not isinstance(raw, Mapping):
-            raise ValueError(raw)
-        via = raw.get("via")
-        if via not in VIAS:
-            raise ValueError(via)
-        return Caller(
-            account=_part(raw.get("account"), required=True),  # type: ignore[arg-type]
-            user=_part(raw.get("user"), required=False),
-            name=_part(raw.get("name"), required=False),
-            via=via,
-        )
-    except ValueError:
-        _log.warning("ignored a malformed %s in the call's _meta: %.200r", CALLER_META_KEY, raw)
+    problem = _caller_problem(raw)
+    if problem is not None:
+        _log.warning("%s is malformed: %s; the handler gets no caller", CALLER_META_KEY, problem)
         return None
+    return Caller(account=raw["account"], user=raw.get("user"), name=raw.get("name"), via=raw["via"])
 
 
 def _meta(ctx: Context[Any, Any]) -> Mapping[str, Any]:
