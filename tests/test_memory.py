@@ -32,11 +32,21 @@ class MemoryChild:
     """One memory child; `call` sends a verb as the named caller (None: no caller at all)."""
 
     def __init__(self, data_dir: Path, **env: str) -> None:
-        self.client = StdioClient([sys.executable, "main.py"], cwd=SOURCE, env={
-            "MESH_NODE": "node-a", "MESH_MODULE": "memory", "MESH_BUNDLE": "tools",
-            "MESH_BUNDLE_DIR": str(SOURCE), "MESH_DATA_DIR": str(data_dir), "PYTHONPATH": str(SDK),
-            "MEMORY_DEFAULT_SCOPE": "global", "MEMORY_SCOPE_ADMINS": "@local", **env,
-        })
+        self.client = StdioClient(
+            [sys.executable, "main.py"],
+            cwd=SOURCE,
+            env={
+                "MESH_NODE": "node-a",
+                "MESH_MODULE": "memory",
+                "MESH_BUNDLE": "tools",
+                "MESH_BUNDLE_DIR": str(SOURCE),
+                "MESH_DATA_DIR": str(data_dir),
+                "PYTHONPATH": str(SDK),
+                "MEMORY_DEFAULT_SCOPE": "global",
+                "MEMORY_SCOPE_ADMINS": "@local",
+                **env,
+            },
+        )
         self.client.initialize()
 
     def call(self, verb: str, arguments: dict[str, Any], who: dict[str, Any] | None) -> dict[str, Any]:
@@ -78,14 +88,25 @@ def test_the_seat_verbs_are_listed(child: MemoryChild) -> None:
     schema = tools["memory.remember"]["inputSchema"]
     assert schema["required"] == ["content", "type"]
     assert set(schema["properties"]) == {"content", "type", "key", "scope"}  # no author, no source
-    assert schema["properties"]["type"]["enum"] == ["decision", "convention", "constraint", "open_question", "glossary", "status"]
+    assert schema["properties"]["type"]["enum"] == [
+        "decision",
+        "convention",
+        "constraint",
+        "open_question",
+        "glossary",
+        "status",
+    ]
 
 
 def test_two_members_write_and_read(child: MemoryChild) -> None:
-    a = child.ok("remember", {"content": "Postgres is the system of record.", "type": "decision",
-                              "key": "db.system-of-record"}, ALICE)
-    b = child.ok("remember", {"content": "Invoices are immutable once sent.", "type": "constraint",
-                              "scope": "billing"}, BOB)
+    a = child.ok(
+        "remember",
+        {"content": "Postgres is the system of record.", "type": "decision", "key": "db.system-of-record"},
+        ALICE,
+    )
+    b = child.ok(
+        "remember", {"content": "Invoices are immutable once sent.", "type": "constraint", "scope": "billing"}, BOB
+    )
     assert (a["author"], a["source"], a["scope"]) == ("ALICE/alice", "bus", "global")
     assert (b["author"], b["source"], b["scope"]) == ("BOB/bob", "mcp", "billing")
     for who in (ALICE, BOB):
@@ -93,8 +114,11 @@ def test_two_members_write_and_read(child: MemoryChild) -> None:
 
 
 def test_private_entries_are_invisible_to_the_other_member(child: MemoryChild) -> None:
-    secret = child.ok("remember", {"content": "Thinking of leaving Kafka.", "type": "open_question",
-                                   "key": "idea.kafka", "scope": "private"}, ALICE)
+    secret = child.ok(
+        "remember",
+        {"content": "Thinking of leaving Kafka.", "type": "open_question", "key": "idea.kafka", "scope": "private"},
+        ALICE,
+    )
     shared = child.ok("remember", {"content": "Kafka carries the order events.", "type": "decision"}, ALICE)
     assert secret["scope"] == "private"
     # Bob: not by listing, words, key, scope, context, nor by guessing ids.
@@ -110,7 +134,8 @@ def test_private_entries_are_invisible_to_the_other_member(child: MemoryChild) -
         if text is not None:
             assert text == f"not found: no entry with id {guess} that you can see; memory.recall finds ids"
     assert child.refused("forget", {"id": never}, BOB) == (
-        f"not found: no entry with id {never} that you can see; memory.recall finds ids")
+        f"not found: no entry with id {never} that you can see; memory.recall finds ids"
+    )
     assert child.refused("forget", {"scope": "private", "key": "idea.kafka"}, BOB).startswith("not found")
     # Alice still has it, whole.
     mine = child.ok("recall", {"scope": "private"}, ALICE)["entries"]
@@ -129,7 +154,8 @@ def test_authorship_cannot_be_forged_by_arguments(child: MemoryChild, forged: di
     # Other verbs refuse them too, rather than ignore them.
     assert "refused" in child.refused("recall", {"author": "ALICE/alice"}, BOB)
     assert "unknown argument 'account': memory.remember takes content, type, key, scope" == child.refused(
-        "remember", {"content": "x", "type": "status", "account": "ALICE"}, BOB)
+        "remember", {"content": "x", "type": "status", "account": "ALICE"}, BOB
+    )
     # Without the arguments the entry is Bob's, by the channel.
     entry = child.ok("remember", {"content": "Bob wrote this.", "type": "status"}, BOB)
     assert (entry["author"], entry["source"]) == ("BOB/bob", "mcp")
@@ -154,8 +180,11 @@ def test_keys_upsert(child: MemoryChild) -> None:
 
 def test_full_text_search_finds_by_words(child: MemoryChild) -> None:
     child.ok("remember", {"content": "The ledger service owns balances.", "type": "decision"}, ALICE)
-    hit = child.ok("remember", {"content": "Refunds go through the payment provider's API.", "type": "convention",
-                                "scope": "billing"}, BOB)
+    hit = child.ok(
+        "remember",
+        {"content": "Refunds go through the payment provider's API.", "type": "convention", "scope": "billing"},
+        BOB,
+    )
     found = child.ok("recall", {"query": "refunds provider"}, ALICE)["entries"]
     assert [e["id"] for e in found] == [hit["id"]]
     assert child.ok("recall", {"query": "refunds ledger"}, ALICE)["entries"] == []
@@ -163,14 +192,19 @@ def test_full_text_search_finds_by_words(child: MemoryChild) -> None:
 
 
 def test_archived_scope_refuses_writes(child: MemoryChild) -> None:
-    kept = child.ok("remember", {"content": "Cart keeps items 30 days.", "type": "constraint", "key": "cart.ttl",
-                                 "scope": "web"}, ALICE)
+    kept = child.ok(
+        "remember",
+        {"content": "Cart keeps items 30 days.", "type": "constraint", "key": "cart.ttl", "scope": "web"},
+        ALICE,
+    )
     assert "may not archive project scopes" in child.refused("archive_scope", {"slug": "web"}, ALICE)
     assert child.ok("archive_scope", {"slug": "web"}, OPERATOR)["archived"] is True
-    for verb, args in [("remember", {"content": "New.", "type": "status", "scope": "web"}),
-                       ("remember", {"content": "Changed.", "type": "constraint", "key": "cart.ttl", "scope": "web"}),
-                       ("forget", {"id": kept["id"]}),
-                       ("forget", {"scope": "web", "key": "cart.ttl"})]:
+    for verb, args in [
+        ("remember", {"content": "New.", "type": "status", "scope": "web"}),
+        ("remember", {"content": "Changed.", "type": "constraint", "key": "cart.ttl", "scope": "web"}),
+        ("forget", {"id": kept["id"]}),
+        ("forget", {"scope": "web", "key": "cart.ttl"}),
+    ]:
         assert "'web' is archived, so it is read-only" in child.refused(verb, args, ALICE)
     assert child.ok("recall", {"scope": "web"}, BOB)["entries"][0]["content"] == "Cart keeps items 30 days."
     assert "exists (archived)" in child.refused("create_scope", {"slug": "web", "name": "Web"}, OPERATOR)
@@ -181,10 +215,14 @@ def test_archived_scope_refuses_writes(child: MemoryChild) -> None:
 
 def test_refusals_say_what_would_be_right(child: MemoryChild) -> None:
     assert "'decision', 'convention', 'constraint', 'open_question', 'glossary' or 'status'" in child.refused(
-        "remember", {"content": "x", "type": "rule"}, ALICE)
-    assert "e.g. 'db.system-of-record'" in child.refused("remember", {"content": "x", "type": "status", "key": "Bad Key"}, ALICE)
+        "remember", {"content": "x", "type": "rule"}, ALICE
+    )
+    assert "e.g. 'db.system-of-record'" in child.refused(
+        "remember", {"content": "x", "type": "status", "key": "Bad Key"}, ALICE
+    )
     assert "the scopes you can use are global, private (yours), billing, web" in child.refused(
-        "remember", {"content": "x", "type": "status", "scope": "nowhere"}, ALICE)
+        "remember", {"content": "x", "type": "status", "scope": "nowhere"}, ALICE
+    )
     assert "say which entry to forget" in child.refused("forget", {}, ALICE)
     assert "budget_chars 0 is out of range" in child.refused("load_context", {"budget_chars": 0}, ALICE)
 
@@ -213,7 +251,9 @@ def test_an_impossible_policy_answers_every_call_with_it(data_dir: Path) -> None
         for verb in ("remember", "recall"):
             args = {"content": "x", "type": "status"} if verb == "remember" else {}
             text = child.refused(verb, args, ALICE)
-            assert text.startswith("the memory cannot serve: MEMORY_DEFAULT_SCOPE: the default write scope cannot be 'private'")
+            assert text.startswith(
+                "the memory cannot serve: MEMORY_DEFAULT_SCOPE: the default write scope cannot be 'private'"
+            )
     finally:
         child.close()
     assert "ERROR memory: memory cannot serve" in child.client.proc.stderr.read().decode()  # type: ignore[union-attr]

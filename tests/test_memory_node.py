@@ -66,8 +66,10 @@ def test_memory_is_served_and_its_data_survives_child_kill_and_node_restart(tmp_
         nc = await client(node.bus_url())
         try:
             ready = await wait_state(nc, node.name, "memory/tools", "ready", timeout=60)
-            assert sorted(ready["tools"]) == sorted(f"memory.{v}" for v in (
-                "archive_scope", "create_scope", "forget", "load_context", "recall", "remember", "scopes"))
+            assert sorted(ready["tools"]) == sorted(
+                f"memory.{v}"
+                for v in ("archive_scope", "create_scope", "forget", "load_context", "recall", "remember", "scopes")
+            )
             assert await recall_ids(nc) == [shared]  # the private entry is nobody else's business
             assert await recall_ids(nc, query="postgres") == [shared]
             code, body = await call(nc, "mesh.seat.memory.scopes", {}, timeout=20)
@@ -135,8 +137,13 @@ def test_memory_data_survives_an_upgrade_delivered_by_meshctl(tmp_path: Path, no
     node = node_factory(empty, config=SDK_CONFIG)
 
     def deliver(artifact: Path) -> None:
-        r = subprocess.run([*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
 
     async def until_version(nc, version: str) -> None:

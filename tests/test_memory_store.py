@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ BILLING = Project("billing", "Billing platform", "Invoices and payments")
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path, Config(projects=(BILLING,)))
     yield s
     s.close()
@@ -54,17 +55,26 @@ def test_key_upserts_within_its_scope(store: Store) -> None:
     assert len(store.recall(ALICE, key="release.day")) == 2
 
 
-@pytest.mark.parametrize("bad, fragment", [
-    ({"type": "rule"}, "not one of the six types: decision, convention, constraint, open_question, glossary, status"),
-    ({"key": "DB.Record"}, "is not a key"),
-    ({"key": "db..record"}, "is not a key"),
-    ({"key": "db record"}, "is not a key"),
-    ({"content": "   "}, "content is empty"),
-    ({"content": "x" * 4001}, "split it into several entries"),
-    ({"scope": "nowhere"}, "scope 'nowhere' not found: the scopes you can use are global, private (yours), billing"),
-    ({"scope": "private/BOB/bob"}, "is not a scope slug"),
-    ({"scope": "Billing"}, "is not a scope slug"),
-])
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        (
+            {"type": "rule"},
+            "not one of the six types: decision, convention, constraint, open_question, glossary, status",
+        ),
+        ({"key": "DB.Record"}, "is not a key"),
+        ({"key": "db..record"}, "is not a key"),
+        ({"key": "db record"}, "is not a key"),
+        ({"content": "   "}, "content is empty"),
+        ({"content": "x" * 4001}, "split it into several entries"),
+        (
+            {"scope": "nowhere"},
+            "scope 'nowhere' not found: the scopes you can use are global, private (yours), billing",
+        ),
+        ({"scope": "private/BOB/bob"}, "is not a scope slug"),
+        ({"scope": "Billing"}, "is not a scope slug"),
+    ],
+)
 def test_remember_refuses_with_what_would_be_right(store: Store, bad: dict, fragment: str) -> None:
     args = {"content": "A statement.", "type": "status", "key": None, "scope": None, **bad}
     with pytest.raises(Refused, match=None) as e:
@@ -164,8 +174,13 @@ def test_create_scope_by_policy(tmp_path: Path) -> None:
     with pytest.raises(Refused, match="BOB/bob may not create project scopes"):
         store.create_scope(BOB, "payments", "Payments")
     made = store.create_scope(ALICE, "payments", "Payments", "Money in and out")
-    assert made == {"slug": "payments", "name": "Payments", "kind": "project",
-                    "description": "Money in and out", "archived": False}
+    assert made == {
+        "slug": "payments",
+        "name": "Payments",
+        "kind": "project",
+        "description": "Money in and out",
+        "archived": False,
+    }
     with pytest.raises(Refused, match="exists \\(active\\); a slug is never reused"):
         store.create_scope(ALICE, "payments", "Again")
     for slug in ("global", "private"):
@@ -188,7 +203,11 @@ def test_load_context_order_and_budget(store: Store) -> None:
     store.remember(BOB, "Bob's own reminder.", "status", scope="private")
     full = store.load_context(ALICE, ["billing"])
     assert [e["content"] for e in full["entries"]] == [
-        "Never delete invoices.", "Status of global.", "Billing decision.", "Alice's own reminder."]
+        "Never delete invoices.",
+        "Status of global.",
+        "Billing decision.",
+        "Alice's own reminder.",
+    ]
     assert full["text"].startswith("## global: Global\n- [constraint] Never delete invoices.\n")
     assert "## private:" in full["text"] and "Bob" not in full["text"] and full["truncated"] is False
     assert [e["content"] for e in store.load_context(ALICE)["entries"]][-1] == "Alice's own reminder."
@@ -212,20 +231,24 @@ def test_configuration_from_file_and_environment(tmp_path: Path) -> None:
     store = Store(tmp_path, config)
     assert store.remember(ALICE, "Lands in billing.", "status")["scope"] == "billing"
     store.close()
-    env = load_config(tmp_path, {"MEMORY_PROJECTS": "web=Web shop, api", "MEMORY_DEFAULT_SCOPE": "global",
-                                 "MEMORY_SCOPE_ADMINS": "*"})
+    env = load_config(
+        tmp_path, {"MEMORY_PROJECTS": "web=Web shop, api", "MEMORY_DEFAULT_SCOPE": "global", "MEMORY_SCOPE_ADMINS": "*"}
+    )
     assert [(p.slug, p.name) for p in env.projects] == [("web", "Web shop"), ("api", "api")]
     assert env.may_manage_scopes(BOB)
     assert load_config(tmp_path / "none", {}) == Config(source="defaults")
 
 
-@pytest.mark.parametrize("env, fragment", [
-    ({"MEMORY_DEFAULT_SCOPE": "private"}, "cannot be 'private'"),
-    ({"MEMORY_DEFAULT_SCOPE": "nowhere"}, "neither 'global' nor a configured project"),
-    ({"MEMORY_PROJECTS": "Bad Slug"}, "is not a scope slug"),
-    ({"MEMORY_PROJECTS": "global"}, "always exist"),
-    ({"MEMORY_PROJECTS": "a,a"}, "listed twice"),
-])
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"MEMORY_DEFAULT_SCOPE": "private"}, "cannot be 'private'"),
+        ({"MEMORY_DEFAULT_SCOPE": "nowhere"}, "neither 'global' nor a configured project"),
+        ({"MEMORY_PROJECTS": "Bad Slug"}, "is not a scope slug"),
+        ({"MEMORY_PROJECTS": "global"}, "always exist"),
+        ({"MEMORY_PROJECTS": "a,a"}, "listed twice"),
+    ],
+)
 def test_impossible_configuration_is_an_error(tmp_path: Path, env: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=None) as e:
         load_config(tmp_path, env)
@@ -236,8 +259,10 @@ def test_an_old_schema_is_upgraded_and_keeps_its_data(tmp_path: Path) -> None:
     # A data file as version 1 of the schema left it (before full-text search existed).
     db = sqlite3.connect(tmp_path / DB_FILE, isolation_level=None)
     migrate(db, upto=1)
-    db.execute("INSERT INTO entry (scope_id, type, content, author, source, created_at, updated_at) "
-               "VALUES (1, 'decision', 'Kafka was rejected.', 'ALICE', 'bus', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')")
+    db.execute(
+        "INSERT INTO entry (scope_id, type, content, author, source, created_at, updated_at) "
+        "VALUES (1, 'decision', 'Kafka was rejected.', 'ALICE', 'bus', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')"
+    )
     db.close()
     store = Store(tmp_path, Config())
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION

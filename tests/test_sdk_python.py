@@ -284,7 +284,8 @@ def test_caller_parse_and_id() -> None:
     c = mesh_sdk.parse_caller({"account": "ALICE", "user": "alice", "name": None, "via": "mcp"})
     assert c == mesh_sdk.Caller(account="ALICE", user="alice", name=None, via="mcp")
     assert c is not None and c.id == "ALICE/alice"
-    assert mesh_sdk.parse_caller({"account": "BOB", "via": "bus"}).id == "BOB"  # type: ignore[union-attr]
+    bob = mesh_sdk.parse_caller({"account": "BOB", "via": "bus"})
+    assert bob is not None and bob.id == "BOB"
     assert mesh_sdk.parse_caller(None) is None
     assert mesh_sdk.parse_caller({"account": "BOB", "via": "post"}) is None
     assert mesh_sdk.parse_caller({"account": "\ud800", "via": "bus"}) is None  # not text: no crash
