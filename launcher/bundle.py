@@ -150,8 +150,10 @@ class BundleRunner:
         spec: RunnerSpec,
         on_tools: Callable[[BundleRunner], None] = lambda b: None,
         reaper: Reaper | None = None,
+        on_progress: Callable[[BundleRunner, msgspec.Raw], None] | None = None,
     ) -> None:
         self.spec = spec
+        self._on_progress = on_progress  # a child's notifications/progress, for the caller that asked
         self._reaper = reaper
         self.key = spec.key
         self._on_tools = on_tools
@@ -178,17 +180,22 @@ class BundleRunner:
         self.finished = asyncio.Event()  # run() has ended: its child is gone
 
     # --- calls ----------------------------------------------------------------------------
-    def begin(self, tool_json: bytes, arguments: bytes, deadline: float) -> Pending | None:
+    def begin(
+        self, tool_json: bytes, arguments: bytes, deadline: float, meta: bytes = b"", timeout_ms: int = 0
+    ) -> Pending | None:
         """The fast path: when ready with a free slot, write the call now; None: use begin_when_ready().
 
-        `deadline` is on the event loop's clock: the moment the caller stops waiting.
+        `deadline` is on the event loop's clock: the moment the caller stops waiting. `meta` is the
+        call's `params._meta` (empty: none); `timeout_ms` the timeout a 504 names (0: the bundle's).
         """
         session = self._session
         if self.state != "ready" or session is None or not self._slots.try_acquire():
             return None
-        return self._write_call(session, tool_json, arguments, deadline)
+        return self._write_call(session, tool_json, arguments, deadline, meta, timeout_ms)
 
-    async def begin_when_ready(self, tool_json: bytes, arguments: bytes, deadline: float) -> Pending:
+    async def begin_when_ready(
+        self, tool_json: bytes, arguments: bytes, deadline: float, meta: bytes = b"", timeout_ms: int = 0
+    ) -> Pending:
         """Write a call once the bundle is ready and a slot is free, riding over a start; by `deadline`.
 
         BundleUnavailable at once when the bundle is down, CallTimedOut when the deadline passes first.
@@ -198,14 +205,17 @@ class BundleRunner:
         if self.state != "ready" or session is None:
             session = await self._wait_ready(deadline)
         if not await self._slots.acquire(deadline - loop.time()):
-            raise CallTimedOut(self.key, tool_json.decode(), self.spec.timeout_ms)
-        return self._write_call(session, tool_json, arguments, deadline)
+            raise CallTimedOut(self.key, tool_json.decode(), timeout_ms or self.spec.timeout_ms)
+        return self._write_call(session, tool_json, arguments, deadline, meta, timeout_ms)
 
-    def _write_call(self, session: Session, tool_json: bytes, arguments: bytes, deadline: float) -> Pending:
+    def _write_call(
+        self, session: Session, tool_json: bytes, arguments: bytes, deadline: float, meta: bytes, timeout_ms: int
+    ) -> Pending:
         # The slot is held; whatever goes wrong here frees it again.
         self.calls += 1
         try:
-            return Pending(session, session.begin_tool_call(tool_json, arguments, deadline, self.spec.timeout_ms))
+            call = session.begin_tool_call(tool_json, arguments, deadline, timeout_ms or self.spec.timeout_ms, meta)
+            return Pending(session, call)
         except SessionClosed as e:
             self._slots.release()
             raise self.unavailable(e.reason) from e
@@ -485,6 +495,8 @@ class BundleRunner:
     def _notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":
             self._relist.set()
+        elif method == "notifications/progress" and self._on_progress is not None:
+            self._on_progress(self, params)
 
     async def _relist_tools(self, session: Session) -> None:
         while True:

@@ -78,10 +78,13 @@ _format = msgspec.json.format
 _TOOLS_CALL = b'"method":"tools/call"'
 
 
-def tool_call_params(tool: bytes, arguments: bytes) -> bytes:
-    """The `params` member of a `tools/call` request, as bytes: `tool` JSON-encoded, `arguments` as sent."""
+def tool_call_params(tool: bytes, arguments: bytes, meta: bytes = b"") -> bytes:
+    """The `params` member of a `tools/call` request, as bytes: `tool` JSON-encoded, `arguments` as sent,
+    `meta` the JSON object for `params._meta` (empty: none)."""
     if b"\n" in arguments or b"\r" in arguments:
         arguments = _format(arguments, indent=0)  # one message, one line
+    if meta:
+        return b',"params":{"name":' + tool + b',"arguments":' + arguments + b',"_meta":' + meta + b"}"
     return b',"params":{"name":' + tool + b',"arguments":' + arguments + b"}"
 
 
@@ -208,10 +211,11 @@ class Session:
         """The answer to a call begun with `begin_tool_call`."""
         try:
             return await call.fut
-        except asyncio.CancelledError:
-            # The caller went away (node stopping, request abandoned): tell the child too.
+        except asyncio.CancelledError as e:
+            # The caller went away (node stopping, request abandoned, cancelled): tell the child too.
             if self._pending.pop(call.rid, None) is not None:
-                self._cancel_in_child(call.rid, "the caller cancelled the call")
+                reason = e.args[0] if e.args and isinstance(e.args[0], str) else "the caller cancelled the call"
+                self._cancel_in_child(call.rid, reason)
             raise
         finally:
             call.timer.cancel()
@@ -234,14 +238,17 @@ class Session:
         rid, fut = self._start(head, tail)
         return await self.result(self._arm(rid, fut, self._loop.time() + timeout, method, int(timeout * 1000)))
 
-    def begin_tool_call(self, tool: bytes, arguments: bytes, deadline: float, timeout_ms: int) -> Call:
-        """Write a `tools/call` now; `tool` is the JSON-encoded name, `arguments` a JSON object as sent.
+    def begin_tool_call(
+        self, tool: bytes, arguments: bytes, deadline: float, timeout_ms: int, meta: bytes = b""
+    ) -> Call:
+        """Write a `tools/call` now; `tool` is the JSON-encoded name, `arguments` a JSON object as sent,
+        `meta` the JSON object for `params._meta` (empty: none).
 
         Not a coroutine: the request is on its way to the child before the caller's task is
         even scheduled, which is one turn of the event loop saved on every call. The call times
         out at `deadline` (loop clock); `timeout_ms` is the timeout its error names.
         """
-        rid, fut = self._start(_TOOLS_CALL, tool_call_params(tool, arguments))
+        rid, fut = self._start(_TOOLS_CALL, tool_call_params(tool, arguments, meta))
         return self._arm(rid, fut, deadline, tool.decode(), timeout_ms)
 
     @property

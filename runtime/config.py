@@ -32,6 +32,8 @@ import msgspec
 
 from launcher.bundle import HealthPolicy, RestartPolicy
 
+from .calls import CallSettings
+
 
 class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     url: str | None = None
@@ -62,6 +64,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     # The launcher's own policies, read as they are: their defaults are written there, once.
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     health: HealthPolicy = msgspec.field(default_factory=HealthPolicy)
+    calls: CallSettings = msgspec.field(default_factory=CallSettings)  # the bus call protocol (docs/bus.md)
 
 
 class ConfigError(Exception):

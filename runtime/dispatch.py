@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
 
+from .calls import CallDesk, OpenCall
 from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
 from .routes import Route, RouteTable
 
@@ -34,8 +35,9 @@ class Dispatcher:
     about three times as much per call, and the hot path pays it on every request.
     """
 
-    def __init__(self, nc: Client, table: RouteTable, node: str) -> None:
+    def __init__(self, nc: Client, table: RouteTable, node: str, desk: CallDesk | None = None) -> None:
         self.nc = nc
+        self.desk = desk  # the call protocol's options (Mesh-* headers, docs/bus.md); None: headers are not read
         self.table = table
         self.node = node
         self.in_flight = 0
@@ -55,6 +57,9 @@ class Dispatcher:
         arrived = self._loop.time()
         self.in_flight += 1
         route = self.table.routes.get(msg.subject)
+        if msg.headers and self.desk is not None:
+            self._start_with_options(msg, route, arrived, started)
+            return
         if route is None:
             answer = self.serve(msg, None, None, arrived, started)
         else:
@@ -65,6 +70,25 @@ class Dispatcher:
             else:
                 answer = self.serve(msg, route, pending, arrived, started)
         task = self._loop.create_task(answer)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_with_options(self, msg: Msg, route: Route | None, arrived: float, started: int) -> None:
+        """`start` for a request with headers: its options are read and registered before its task runs."""
+        assert self.desk is not None
+        call: OpenCall | None = None
+        pending: Pending | None = None
+        try:
+            call = self.desk.open(msg, route.bundle if route is not None else None)
+            if route is not None and (call is None or not (call.cancelled or call.options.request_object)):
+                pending = self._begin(route, msg, arrived, call)
+        except NodeError as e:
+            answer = self._answer(msg, route, b"", e, started, call)
+        else:
+            answer = self.serve(msg, route, pending, arrived, started, call)
+        task = self._loop.create_task(answer)
+        if call is not None:
+            call.task = task  # a cancel from its caller cancels this task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -84,68 +108,118 @@ class Dispatcher:
         """When the caller stops waiting (loop clock): the bundle's timeout from the request's arrival."""
         return arrived + bundle.spec.timeout_ms / 1000
 
-    def _begin(self, route: Route, msg: Msg, arrived: float) -> Pending | None:
+    def _begin(self, route: Route, msg: Msg, arrived: float, call: OpenCall | None = None) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
         try:
-            return route.bundle.begin(
-                route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle)
-            )
+            if call is None:
+                return route.bundle.begin(
+                    route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle)
+                )
+            timeout_ms = call.options.timeout_for(route.bundle.spec.timeout_ms)
+            data = self._checked(route, msg.data)
+            return route.bundle.begin(route.tool_json, data, arrived + timeout_ms / 1000, call.meta, timeout_ms)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
 
-    async def _begin_late(self, msg: Msg, route: Route | None, arrived: float) -> tuple[Route, Pending]:
-        """A call that arrives while its bundle starts, or finds no free slot, waits for them (not a 503)."""
+    async def _begin_late(
+        self, msg: Msg, route: Route | None, arrived: float, call: OpenCall | None = None
+    ) -> tuple[Route, Pending]:
+        """A call that arrives while its bundle starts, or finds no free slot, waits for them (not a 503).
+
+        So does a call whose arguments are in the object store (Mesh-Request-Object): they are read first.
+        """
         if route is None:
             for bundle in self.table.starting(msg.subject):
                 await bundle.settle(self.deadline(msg, arrived, bundle))
             route = self.table.resolve(msg.subject)
-        data = self._checked(route, msg.data)
+        data, meta, timeout_ms = msg.data, b"", route.bundle.spec.timeout_ms
+        if call is not None:
+            meta, timeout_ms = call.meta, call.options.timeout_for(timeout_ms)
+            if call.options.request_object is not None and self.desk is not None:
+                data = await self.desk.objects.take(route.subject, call.options.request_object)
+        data = self._checked(route, data)
         try:
             return route, await route.bundle.begin_when_ready(
-                route.tool_json, data, self.deadline(msg, arrived, route.bundle)
+                route.tool_json, data, arrived + timeout_ms / 1000, meta, timeout_ms
             )
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
-            raise TimedOut(route.tool, e) from None
+            raise TimedOut(route.tool, e, _whose(route, call)) from None
 
-    async def _finish(self, route: Route, pending: Pending) -> bytes:
-        """The child's answer to a call written, as the reply's bytes."""
+    async def _finish(self, route: Route, pending: Pending, call: OpenCall | None = None) -> bytes:
+        """The child's answer to a call written, as the reply's bytes (its progress forwarded meanwhile)."""
         try:
-            result = await route.bundle.finish(pending)
+            if call is None or call.progress is None:
+                result = await route.bundle.finish(pending)
+            else:
+                result = await call.progress.during(route.bundle.finish(pending))
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
-            raise TimedOut(route.tool, e) from None
+            raise TimedOut(route.tool, e, _whose(route, call)) from None
         except ChildError as e:
             raise _child_error(route.subject, e) from None
-        if len(result) > self.max_payload:
-            raise TooLarge(route.subject, f"the result of {route.tool}", len(result), self.max_payload)
         return bytes(result)
 
-    async def serve(self, msg: Msg, route: Route | None, pending: Pending | None, arrived: float, started: int) -> None:
+    async def _park(self, route: Route, body: bytes) -> tuple[bytes, dict[str, str]]:
+        """A result larger than one message: into the object store, the reply a reference to it."""
+        if self.desk is None:
+            raise TooLarge(route.subject, f"the result of {route.tool}", len(body), self.max_payload)
+        return await self.desk.objects.park(route.subject, f"the result of {route.tool}", body)
+
+    async def serve(
+        self,
+        msg: Msg,
+        route: Route | None,
+        pending: Pending | None,
+        arrived: float,
+        started: int,
+        call: OpenCall | None = None,
+    ) -> None:
         """Answer one request; never raises for anything a caller or a child does."""
         error: NodeError | None = None
         body = b""
+        headers: dict[str, str] | None = None
         try:
-            if pending is None or route is None:
-                route, pending = await self._begin_late(msg, route, arrived)
-            body = await self._finish(route, pending)
+            if call is None or not call.cancelled:  # cancelled before it came: never begun, not answered
+                if pending is None or route is None:
+                    route, pending = await self._begin_late(msg, route, arrived, call)
+                body = await self._finish(route, pending, call)
+                if len(body) > self.max_payload:
+                    body, headers = await self._park(route, body)
         except NodeError as e:
             error = e
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await self._answer(msg, route, b"", NodeStopping(msg.subject, self.node), started)
-            raise
+            if call is None or not call.cancelled:
+                with anyio.CancelScope(shield=True):
+                    await self._answer(msg, route, b"", NodeStopping(msg.subject, self.node), started, call)
+                raise
+            # Cancelled by its caller: the child was told (Session.result); _answer sends nothing.
         except Exception as e:  # a bug of ours must cost one call, not the node
             log.exception("answering %s failed", msg.subject)
             error = Internal(f"{msg.subject}: internal error of the node: {type(e).__name__}: {e}")
-        await self._answer(msg, route, body, error, started)
+        await self._answer(msg, route, body, error, started, call, headers)
 
-    async def _answer(self, msg: Msg, route: Route | None, body: bytes, error: NodeError | None, started: int) -> None:
-        """Reply, then count the call in its route's stats and in the dispatcher's."""
+    async def _answer(
+        self,
+        msg: Msg,
+        route: Route | None,
+        body: bytes,
+        error: NodeError | None,
+        started: int,
+        call: OpenCall | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Reply (unless its caller cancelled it), then count the call in its route's stats and the dispatcher's."""
         try:
-            await self._reply(msg, body, error)
+            if call is None:
+                await self._reply(msg, body, error, headers)
+            else:
+                if self.desk is not None:
+                    self.desk.close(call)  # from here a cancel finds nothing to cancel
+                if not call.cancelled:
+                    await self._reply(msg, body, error, headers)
         finally:
             if route is not None:
                 route.num_requests += 1
@@ -187,12 +261,14 @@ class Dispatcher:
             raise BadRequest(subject, problem[1], field=problem[0])
         return data
 
-    async def _reply(self, msg: Msg, body: bytes | None, error: NodeError | None) -> None:
+    async def _reply(
+        self, msg: Msg, body: bytes | None, error: NodeError | None, headers: dict[str, str] | None = None
+    ) -> None:
         if not msg.reply:
             return  # a publish without a reply subject: the call ran, nobody waits for an answer
         try:
             if error is None:
-                await self.nc.publish(msg.reply, body or b"")
+                await self.nc.publish(msg.reply, body or b"", headers=headers)
             else:
                 data, headers = render(error)
                 await self.nc.publish(msg.reply, data, headers=headers)
@@ -203,6 +279,12 @@ class Dispatcher:
         while self.in_flight:
             self._idle = asyncio.Event()
             await self._idle.wait()
+
+
+def _whose(route: Route, call: OpenCall | None) -> str:
+    """Whose deadline a timed-out call ran into: the caller's (Mesh-Timeout-Ms) or the bundle's."""
+    cap = route.bundle.spec.timeout_ms
+    return "caller" if call is not None and call.options.timeout_for(cap) < cap else "bundle"
 
 
 def _child_error(subject: str, e: ChildError) -> NodeError:

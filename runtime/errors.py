@@ -61,6 +61,19 @@ class TooLarge(NodeError):
         return {"subject": self.subject, "size": self.size, "limit": self.limit}
 
 
+class OverCap(NodeError):
+    """A result or request too large even for the object store handoff (or with no store to use)."""
+
+    code, kind = 413, "too_large"
+
+    def __init__(self, subject: str, what: str, size: int, cap: int, why: str) -> None:
+        self.subject, self.what, self.size, self.cap = subject, what, size, cap
+        super().__init__(f"{what} is {size} bytes; {why}")
+
+    def facts(self) -> dict[str, Any]:
+        return {"subject": self.subject, "size": self.size, "cap": self.cap}
+
+
 _STATE_WORDS = {"backoff": "waiting to restart (backoff)", "building": "being built"}
 
 
@@ -101,14 +114,21 @@ class Unavailable(NodeError):
 class TimedOut(NodeError):
     code, kind = 504, "timed_out"
 
-    def __init__(self, tool: str, cause: CallTimedOut) -> None:
-        self.tool, self.cause = tool, cause
+    def __init__(self, tool: str, cause: CallTimedOut, deadline: str = "bundle") -> None:
+        # deadline: whose ran out, "bundle" (the manifest's timeout_ms) or "caller" (Mesh-Timeout-Ms)
+        self.tool, self.cause, self.deadline = tool, cause, deadline
+        whose = "the caller's deadline (Mesh-Timeout-Ms)" if deadline == "caller" else "the bundle's timeout_ms"
         super().__init__(
-            f"{tool} did not answer within {cause.timeout_ms} ms; the call was cancelled in bundle {cause.bundle}"
+            f"{tool} did not answer within {cause.timeout_ms} ms, {whose}; the call was cancelled in bundle {cause.bundle}"
         )
 
     def facts(self) -> dict[str, Any]:
-        return {"tool": self.tool, "bundle": self.cause.bundle, "timeout_ms": self.cause.timeout_ms}
+        return {
+            "tool": self.tool,
+            "bundle": self.cause.bundle,
+            "timeout_ms": self.cause.timeout_ms,
+            "deadline": self.deadline,
+        }
 
 
 class Internal(NodeError):

@@ -27,6 +27,7 @@ from launcher.reaper import Reaper, kill_marked
 from manifests import BundleManifest
 
 from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
+from .calls import CallDesk
 from .config import NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
@@ -76,6 +77,7 @@ class Node:
         self.url = ""
         self.nc: Client | None = None
         self.dispatcher: Dispatcher | None = None
+        self.desk: CallDesk | None = None  # calls with Mesh-* headers: cancels, progress, objects
         self.service: Service | None = None
         self.run_id = uuid.uuid4().hex[:16]
         self.reaper = Reaper(self.run_id)
@@ -132,7 +134,8 @@ class Node:
 
     async def _serve(self, placements: list[Placement]) -> None:
         assert self.nc is not None
-        self.dispatcher = Dispatcher(self.nc, self.table, self.name)
+        self.desk = CallDesk(self.nc, self.config.calls)
+        self.dispatcher = Dispatcher(self.nc, self.table, self.name, self.desk)
         self.service = Service(
             self.nc,
             node=self.name,
@@ -144,6 +147,7 @@ class Node:
             self._bundles_tg = bundles_tg
             async with anyio.create_task_group() as watchers_tg:
                 await self.service.start()
+                await self.desk.start()
                 await self._start_control()
                 # Every child starts at once; the seats follow one look at the bus for them all.
                 for placement in placements:
@@ -178,6 +182,7 @@ class Node:
                 for bundle in entry.bundles:
                     await bundle.stop()
         await self.service.stop()
+        await self.desk.stop()
         for sub in self._control:
             await sub.unsubscribe()
 
@@ -231,7 +236,10 @@ class Node:
             # Children run as another user: their data folder is theirs, nothing else of the node's.
             shutil.chown(folder, self.config.child_user, self.config.child_group)
         return BundleRunner(
-            runner_spec(placement, spec, self.config, self.run_id), on_tools=self._tools_changed, reaper=self.reaper
+            runner_spec(placement, spec, self.config, self.run_id),
+            on_tools=self._tools_changed,
+            reaper=self.reaper,
+            on_progress=self._progress,
         )
 
     def _release_seats(self, entry: ModuleEntry) -> None:
@@ -305,6 +313,10 @@ class Node:
             self.delivery_problems.pop(module, None)
         else:
             self.delivery_problems[module] = problem
+
+    def _progress(self, bundle: BundleRunner, params: msgspec.Raw) -> None:
+        if self.desk is not None:
+            self.desk.progress(bundle, params)
 
     def _tools_changed(self, bundle: BundleRunner) -> None:
         self.table.rebuild()

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from manifests import load_module
+from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import (
     CALLER,
     CallContractTests,
@@ -461,3 +462,12 @@ def test_callers_cancels_and_progress_under_valgrind_are_clean(contract_stage: P
     wire.send({"id": 91, "method": "ping"})
     wire.until(91)
     assert_clean(client.close(), log)
+
+
+async def test_progress_and_cancel_over_the_bus_through_a_node(
+    contract_stage: Path, node_factory, tmp_path: Path
+) -> None:
+    """docs/bus.md end to end: bus progress from the SDK's progress, a bus cancel reaches mesh_call_cancelled."""
+    await check_progress_and_cancel_over_the_bus(
+        node_factory, tmp_path / "mods", [], tmp_path / "marker", program=contract_stage / "bin" / "m"
+    )

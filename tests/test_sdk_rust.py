@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
@@ -192,3 +193,12 @@ def test_missing_lock_file_is_build_failed(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as e:
         TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "Cargo.lock" in e.value.output
+
+
+async def test_progress_and_cancel_over_the_bus_through_a_node(
+    contract_binary: Path, node_factory, tmp_path: Path
+) -> None:
+    """docs/bus.md end to end: bus progress from the SDK's progress, a bus cancel reaches the CancellationToken."""
+    await check_progress_and_cancel_over_the_bus(
+        node_factory, tmp_path / "mods", [], tmp_path / "marker", program=contract_binary
+    )

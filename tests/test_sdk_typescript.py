@@ -19,6 +19,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
@@ -204,3 +205,10 @@ def test_missing_lock_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as e:
         TOOLCHAIN.build(build_context(module, tmp_path / "stage", CACHE, repo_root=None))
     assert "package-lock.json" in e.value.output and "bundles/broken/src" in e.value.output
+
+
+async def test_progress_and_cancel_over_the_bus_through_a_node(sdk_copy: Path, node_factory, tmp_path: Path) -> None:
+    """docs/bus.md end to end: bus progress from progress(), a bus cancel aborts extra.signal."""
+    await check_progress_and_cancel_over_the_bus(
+        node_factory, tmp_path / "mods", ["node", str(sdk_copy / "fixtures" / "stdio-server.mjs")], tmp_path / "marker"
+    )

@@ -27,7 +27,7 @@ from manifests.check import RUNTIME_IMAGES, check_path
 from runtime.bus import BusError, connect
 from runtime.config import NatsConfig, finish
 from runtime.delivery import DeliveryError
-from runtime.errors import HEADER_CODE, HEADER_TEXT
+from runtime.meshctl.call import run_call
 from runtime.meshctl.deliver import deliver, remove
 from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
 from runtime.meshctl.smoke import run_smoke
@@ -243,23 +243,12 @@ def cmd_call(args: argparse.Namespace) -> int:
     if args.arguments == "-":
         body = sys.stdin.buffer.read()
     cfg, _ = client_config(args)
-    msg = anyio.run(_request, cfg, subject, body, args.timeout)
-    headers = msg.headers or {}
-    if HEADER_CODE in headers:
-        print(f"meshctl: {headers[HEADER_CODE]} {headers.get(HEADER_TEXT, '')}", file=sys.stderr)
-        if args.json:
-            print(msg.data.decode())
-        return 1
-    if args.json:
-        print(msg.data.decode())
-        return 0
-    result = json.loads(msg.data)
-    texts = [c.get("text", "") for c in result.get("content", []) if c.get("type") == "text"]
-    if texts:
-        print("\n".join(texts))
-    if result.get("structuredContent") is not None:
-        print(json.dumps(result["structuredContent"], indent=2))
-    return 1 if result.get("isError") else 0
+
+    async def call() -> int:
+        async with _bus(cfg) as nc:
+            return await run_call(nc, subject, body, args.timeout, args.json)
+
+    return anyio.run(call)
 
 
 async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 Modes: normal, exit_at_start, no_init, no_ping, noisy, garbage, ignore_term, slow_start.
 Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
-mirror, whoami, trickle.
+mirror, whoami, trickle, hold, progress.
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
+RAW_CALL_LOG: a file the child appends "<unix time> started|cancelled|answered <request id> [reason]"
+to (the hold tool and every notifications/cancelled), so a test sees what reached the child and when.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ REVISION = os.environ.get("RAW_PROTOCOL", "")
 _out_lock = threading.Lock()
 _cancelled: set[object] = set()
 _extra_tools: list[dict] = []
+
+
+def log_call(event: str, rid: object, extra: str = "") -> None:
+    path = os.environ.get("RAW_CALL_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.6f} {event} {json.dumps(rid)} {extra}".rstrip() + "\n")
+
 
 TOOLS = [
     {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object"}},
@@ -59,6 +69,16 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}, "chunks": {"type": "integer"}}},
     },
     {
+        "name": "hold",
+        "description": "Wait until cancelled (or `seconds` pass), logging to RAW_CALL_LOG",
+        "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+    },
+    {
+        "name": "progress",
+        "description": "Send `steps` notifications/progress (when given a progressToken), `delay` s apart, then answer",
+        "inputSchema": {"type": "object", "properties": {"steps": {"type": "integer"}, "delay": {"type": "number"}}},
+    },
+    {
         "name": "typed",
         "description": "A tool with a strict schema",
         "inputSchema": {
@@ -85,7 +105,7 @@ def text_result(text: str, structured: object = None, is_error: bool = False) ->
     return result
 
 
-def call(rid: object, name: str, args: dict) -> None:
+def call(rid: object, name: str, args: dict, meta: dict | None = None) -> None:
     if name in ("echo", "echo.say", "typed") or name.startswith("extra"):
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(args), args)})
     elif name == "sleep":
@@ -146,6 +166,28 @@ def call(rid: object, name: str, args: dict) -> None:
                 time.sleep(seconds / chunks)
             sys.stdout.write('"' + after + "\n")
             sys.stdout.flush()
+    elif name == "hold":
+        log_call("started", rid, str(args.get("tag", "")))
+        deadline = time.monotonic() + float(args.get("seconds", 30))
+        while time.monotonic() < deadline and rid not in _cancelled:
+            time.sleep(0.005)
+        if rid not in _cancelled:  # a cancelled call is not answered (MCP: the receiver should not)
+            log_call("answered", rid)
+            send({"jsonrpc": "2.0", "id": rid, "result": text_result("held")})
+    elif name == "progress":
+        token = (meta or {}).get("progressToken")
+        steps, delay = int(args.get("steps", 5)), float(args.get("delay", 0))
+        if token is not None:
+            for i in range(1, steps + 1):
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/progress",
+                        "params": {"progressToken": token, "progress": i, "total": steps, "message": f"step {i}"},
+                    }
+                )
+                time.sleep(delay)
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("done", {"token": token, "steps": steps})})
     elif name == "fail":
         send({"jsonrpc": "2.0", "id": rid, "result": text_result("it failed on purpose", is_error=True)})
     else:
@@ -222,6 +264,7 @@ def main() -> None:
             initialized = True
         elif method == "notifications/cancelled":
             _cancelled.add(params.get("requestId"))
+            log_call("cancelled", params.get("requestId"), str(params.get("reason", "")))
         elif method == "ping":
             if MODE != "no_ping":
                 send({"jsonrpc": "2.0", "id": rid, "result": {}})
@@ -233,8 +276,8 @@ def main() -> None:
                 sys.stdout.write("noise on stdout\n")
             if MODE == "garbage":
                 garbage()
-            if name in ("sleep", "trickle"):
-                threading.Thread(target=call, args=(rid, name, args), daemon=True).start()
+            if name in ("sleep", "trickle", "hold", "progress"):
+                threading.Thread(target=call, args=(rid, name, args, params.get("_meta")), daemon=True).start()
             else:
                 call(rid, name, args)
         elif rid is not None:

@@ -40,10 +40,10 @@ async def test_10mb_request_on_a_bus_allowing_16mb_is_served(tmp_path: Path, ser
     assert code == 200, result
     assert result["content"][0]["text"] == f"{len(body)} {hashlib.sha256(body).hexdigest()}"
     assert result["structuredContent"] == args  # a 10 MB result fits too
-    # echo gives the arguments back twice (text and structured): over 16 MB, 413, and it still serves.
-    code, err = await call(nc, "mesh.tool.alpha.echo", raw=body, timeout=60)
-    assert code == 413, err
-    assert err["error"]["limit"] == 16 * MB and err["error"]["size"] > 16 * MB
+    # echo gives the arguments back twice (text and structured): over 16 MB, so it is handed over
+    # through the object store (docs/bus.md), and the child still serves.
+    code, ref = await call(nc, "mesh.tool.alpha.echo", raw=body, timeout=60)
+    assert code == 200 and ref["bucket"] == "mesh-calls" and ref["size"] > 16 * MB, ref
     code, result = await call(nc, "mesh.tool.alpha.echo", {"after": "10 MB"})
     assert code == 200 and result["structuredContent"] == {"after": "10 MB"}
     b = await bundle_status(nc, node.name, "alpha/tools")

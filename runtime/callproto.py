@@ -1,0 +1,199 @@
+"""The bus call protocol's wire: header names, subjects, frames, and the checks of what a caller sends.
+
+Shared by the node (runtime/calls.py) and callers (runtime/client.py); docs/bus.md is the spec.
+Pure: no I/O. Every header is hostile until checked here; a bad one is a 400 naming the header
+and what would be right.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import msgspec
+
+from .errors import BadRequest
+
+# --- request headers (caller -> node) --------------------------------------------------------
+CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.cancel.<id>
+TIMEOUT_MS = "Mesh-Timeout-Ms"  # the caller's deadline; shortens the bundle's timeout, never lengthens it
+PROGRESS = "Mesh-Progress"  # "1": progress and keepalive frames on the reply subject
+REQUEST_OBJECT = "Mesh-Request-Object"  # the arguments are in this object of the calls bucket
+KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT)
+
+# Stamped by the NATS server on a request that crossed an account import (share: true).
+REQUEST_INFO = "Nats-Request-Info"
+
+# --- reply headers (node -> caller) ---------------------------------------------------------
+FRAME = "Mesh-Frame"  # on an interim message: "progress" or "keepalive"; a final reply has none
+RESULT_OBJECT = "Mesh-Result-Object"  # the final result is in this object of the calls bucket
+FRAME_PROGRESS = "progress"
+FRAME_KEEPALIVE = "keepalive"
+
+CANCEL_PREFIX = "mesh.cancel."
+DEFAULT_BUCKET = "mesh-calls"
+REQUEST_OBJECT_PREFIX = "req."
+RESULT_OBJECT_PREFIX = "res."
+
+MAX_VALUE = 256  # bytes of one Mesh-* header value
+MAX_REQUEST_INFO = 4096
+MAX_TIMEOUT_MS = 24 * 3600 * 1000
+MAX_REASON = 200  # characters of a cancel's reason passed on to the child
+
+_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_MS = re.compile(r"[0-9]{1,9}")
+_OBJECT = re.compile(re.escape(REQUEST_OBJECT_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
+_PREFIX = "mesh-"
+_KNOWN_LOWER = {k.lower(): k for k in KNOWN}
+
+
+def cancel_subject(call_id: str) -> str:
+    return CANCEL_PREFIX + call_id
+
+
+def valid_call_id(text: str) -> bool:
+    return _ID.fullmatch(text) is not None
+
+
+class CallOptions(msgspec.Struct):
+    """What a request's headers ask for; `account` is the caller's, None for the mesh account itself."""
+
+    call_id: str | None = None
+    timeout_ms: int | None = None
+    progress: bool = False
+    request_object: str | None = None
+    account: str | None = None
+
+    def timeout_for(self, bundle_timeout_ms: int) -> int:
+        """The call's deadline: the caller's when it is shorter, else the bundle's cap."""
+        if self.timeout_ms is None:
+            return bundle_timeout_ms
+        return min(self.timeout_ms, bundle_timeout_ms)
+
+
+class _RequestInfo(msgspec.Struct):
+    acc: str = ""
+
+
+_decode_info = msgspec.json.Decoder(_RequestInfo).decode
+
+
+def request_account(headers: Mapping[str, str] | None) -> str | None:
+    """The account a message came from, by the server's stamp; None: the mesh account itself.
+
+    Raises ValueError when the stamp is there but is not what a server writes.
+    """
+    if not headers:
+        return None
+    info = headers.get(REQUEST_INFO)
+    if info is None:
+        return None
+    if len(info) > MAX_REQUEST_INFO:
+        raise ValueError(f"{REQUEST_INFO} is longer than {MAX_REQUEST_INFO} bytes")
+    try:
+        acc = _decode_info(info).acc
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"{REQUEST_INFO} is not the server's JSON stamp ({e})") from None
+    if not acc or len(acc) > MAX_VALUE:
+        raise ValueError(f"{REQUEST_INFO} names no account")
+    return acc
+
+
+def parse_headers(subject: str, headers: Mapping[str, str], has_body: bool) -> CallOptions | None:
+    """The options of a request, None when it carries no Mesh-* header; BadRequest when one is wrong."""
+    found: dict[str, str] = {}
+    for key, given in headers.items():
+        low = key.lower()
+        if not low.startswith(_PREFIX):
+            continue
+        name = _KNOWN_LOWER.get(low)
+        if name is None:
+            raise BadRequest(
+                subject,
+                f"unknown header {key[:64]!r}; the call protocol knows {', '.join(KNOWN)} (see docs/bus.md)",
+                field=f"header {key[:64]}",
+            )
+        if len(given) > MAX_VALUE:
+            raise BadRequest(
+                subject, f"header {name} is {len(given)} bytes; at most {MAX_VALUE}", field=f"header {name}"
+            )
+        found[name] = given.strip()
+    if not found:
+        return None
+    opts = CallOptions()
+    if (value := found.get(CALL_ID)) is not None:
+        if not valid_call_id(value):
+            raise BadRequest(
+                subject,
+                f"header {CALL_ID} must be 16 to 64 characters of A-Z a-z 0-9 _ - "
+                "(a random id only the caller knows, e.g. 22 characters of a NUID)",
+                field=f"header {CALL_ID}",
+            )
+        opts.call_id = value
+    if (value := found.get(TIMEOUT_MS)) is not None:
+        if not _MS.fullmatch(value) or not 1 <= int(value) <= MAX_TIMEOUT_MS:
+            raise BadRequest(
+                subject,
+                f"header {TIMEOUT_MS} must be a whole number of milliseconds from 1 to "
+                f"{MAX_TIMEOUT_MS}, e.g. 5000; got {value[:32]!r}",
+                field=f"header {TIMEOUT_MS}",
+            )
+        opts.timeout_ms = int(value)
+    if (value := found.get(PROGRESS)) is not None:
+        if value != "1":
+            raise BadRequest(
+                subject,
+                f"header {PROGRESS} must be 1 (progress and keepalive frames on the reply "
+                f"subject) or left out; got {value[:32]!r}",
+                field=f"header {PROGRESS}",
+            )
+        opts.progress = True
+    if (value := found.get(REQUEST_OBJECT)) is not None:
+        if not _OBJECT.fullmatch(value):
+            raise BadRequest(
+                subject,
+                f"header {REQUEST_OBJECT} must name an object {REQUEST_OBJECT_PREFIX}<16 to 64 "
+                f"of A-Z a-z 0-9 _ -> in bucket {DEFAULT_BUCKET}",
+                field=f"header {REQUEST_OBJECT}",
+            )
+        if has_body:
+            raise BadRequest(
+                subject,
+                f"a request with header {REQUEST_OBJECT} has an empty body: the arguments are in the object",
+                field=f"header {REQUEST_OBJECT}",
+            )
+        opts.request_object = value
+    try:
+        opts.account = request_account(headers)
+    except ValueError as e:
+        raise BadRequest(subject, str(e), field=f"header {REQUEST_INFO}") from None
+    return opts
+
+
+# --- frames ---------------------------------------------------------------------------------
+class ProgressFrame(msgspec.Struct, omit_defaults=True):
+    """The body of a progress frame; the same fields as MCP's notifications/progress, minus the token."""
+
+    progress: int | float
+    total: int | float | None = None
+    message: str | None = None
+
+
+class KeepaliveFrame(msgspec.Struct):
+    elapsed_ms: int
+
+
+class ObjectRef(msgspec.Struct):
+    """Where a result (or request) larger than one message is: the body of a Mesh-Result-Object reply."""
+
+    bucket: str
+    name: str
+    size: int
+    sha256: str
+
+
+class CancelBody(msgspec.Struct):
+    reason: str | None = None
+
+
+MAX_MESSAGE = 1024  # characters of a progress message passed on

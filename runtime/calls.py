@@ -1,0 +1,274 @@
+"""The node's side of the bus call protocol: calls that carry Mesh-* headers (docs/bus.md).
+
+A plain request (no header) never reaches this module. For the others the desk keeps, per call
+in flight: its id and caller's account (for mesh.cancel.<id>), its deadline, and its progress
+forwarder. Cancels arrive on one subscription per node (`mesh.cancel.*`, no queue group: the
+caller does not know which node serves its call); a node that does not have the call remembers
+the id a short while, in case the cancel overtook its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from .callproto import (
+    CANCEL_PREFIX,
+    FRAME,
+    FRAME_KEEPALIVE,
+    FRAME_PROGRESS,
+    MAX_MESSAGE,
+    MAX_REASON,
+    CallOptions,
+    CancelBody,
+    KeepaliveFrame,
+    ProgressFrame,
+    parse_headers,
+    request_account,
+    valid_call_id,
+)
+from .errors import BadRequest
+from .objects import ObjectHandoff
+
+log = logging.getLogger("mesh.calls")
+
+T = TypeVar("T")
+
+EARLY_CANCELS = 1024  # ids remembered for a request that may still come; the oldest go first
+EARLY_CANCEL_S = 30.0
+FRAMES_WAITING = 256  # progress frames waiting to be published per call; past it the oldest go
+
+_encode = msgspec.json.Encoder().encode
+_decode_cancel = msgspec.json.Decoder(CancelBody).decode
+
+
+class CallSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`[calls]` in the node's config."""
+
+    keepalive_s: float = 5.0  # a keepalive frame after this long without a frame, when progress was asked
+    object_bucket: str = "mesh-calls"
+    object_ttl_s: float = 600.0
+    object_cap_bytes: int = 64 * 1024 * 1024
+
+
+class _ProgressParams(msgspec.Struct):
+    progressToken: int | str
+    progress: int | float
+    total: int | float | None = None
+    message: str | None = None
+
+
+_decode_progress = msgspec.json.Decoder(_ProgressParams).decode
+
+
+class Progress:
+    """One call's progress frames to its reply subject, in order, with keepalives between them."""
+
+    def __init__(self, nc: Client, reply: str, keepalive_s: float, owner: object) -> None:
+        self.nc, self.reply, self.keepalive_s, self.owner = nc, reply, keepalive_s, owner
+        self.frames: collections.deque[bytes] = collections.deque(maxlen=FRAMES_WAITING)
+        self.dropped = 0
+        self.stopped = False  # the call was cancelled: nothing more goes to its caller
+        self._wake = anyio.Event()
+        self._started = time.monotonic()
+
+    def add(self, frame: ProgressFrame) -> None:
+        if len(self.frames) == FRAMES_WAITING:
+            self.dropped += 1
+        self.frames.append(_encode(frame))
+        self._wake.set()
+
+    async def during(self, work: Awaitable[T]) -> T:
+        """Await `work` while frames are published; what is still waiting goes out before it returns."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._pump)
+            try:
+                result = await work
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._flush()
+        return result
+
+    async def _pump(self) -> None:
+        while True:
+            with anyio.move_on_after(self.keepalive_s) as waited:
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if waited.cancelled_caught and not self.frames:
+                elapsed = int((time.monotonic() - self._started) * 1000)
+                await self._publish(_encode(KeepaliveFrame(elapsed_ms=elapsed)), FRAME_KEEPALIVE)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        while self.frames:
+            await self._publish(self.frames.popleft(), FRAME_PROGRESS)
+
+    async def _publish(self, body: bytes, kind: str) -> None:
+        if self.stopped:
+            return
+        try:
+            await self.nc.publish(self.reply, body, headers={FRAME: kind})
+        except Exception as e:  # the bus is gone: the final reply will say nothing either
+            log.debug("progress frame to %s not sent: %s", self.reply, e)
+
+
+class OpenCall:
+    """A call with options, from its request to its answer (or its cancel)."""
+
+    __slots__ = ("options", "meta", "progress", "token", "task", "cancelled")
+
+    def __init__(self, options: CallOptions) -> None:
+        self.options = options
+        self.meta = b""  # the `_meta` object for the child's tools/call, when it needs one
+        self.progress: Progress | None = None
+        self.token = 0
+        self.task: asyncio.Task[None] | None = None
+        self.cancelled = False  # by its caller: no further answer
+
+    def cancel(self, reason: str) -> None:
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.progress is not None:
+            self.progress.stopped = True
+        task = self.task
+        if task is not None and not task.done():
+            # After the task's first step (call_soon is FIFO): a task cancelled before it ever ran
+            # would skip the code that frees its slot.
+            asyncio.get_running_loop().call_soon(task.cancel, reason)
+
+
+class CallDesk:
+    """Calls with options in flight on this node, and the cancels and progress that reach them."""
+
+    def __init__(self, nc: Client, settings: CallSettings) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.objects = ObjectHandoff(nc, settings.object_bucket, settings.object_ttl_s, settings.object_cap_bytes)
+        self.open_calls: dict[str, OpenCall] = {}
+        self._by_token: dict[int, OpenCall] = {}
+        self._next_token = 0
+        self._early: collections.OrderedDict[str, tuple[str | None, float]] = collections.OrderedDict()
+        self._sub: Subscription | None = None
+        self.cancels_honoured = 0
+        self.cancels_ignored = 0
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(CANCEL_PREFIX + "*", cb=self._on_cancel)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    # --- a request ---------------------------------------------------------------------
+    def open(self, msg: Msg, owner: object) -> OpenCall | None:
+        """The call's options, registered; None for a request with no Mesh-* header. BadRequest when wrong."""
+        assert msg.headers is not None
+        options = parse_headers(msg.subject, msg.headers, bool(msg.data))
+        if options is None:
+            return None
+        call = OpenCall(options)
+        if options.call_id is not None:
+            if options.call_id in self.open_calls:
+                raise BadRequest(
+                    msg.subject,
+                    f"a call with Mesh-Call-Id {options.call_id} is already in flight; "
+                    "give every call its own random id",
+                    field="header Mesh-Call-Id",
+                )
+            early = self._early.pop(options.call_id, None)
+            if early is not None and early[0] == options.account and time.monotonic() - early[1] < EARLY_CANCEL_S:
+                call.cancelled = True  # its cancel came first: never sent to the child
+                self.cancels_honoured += 1
+                return call
+            self.open_calls[options.call_id] = call
+        if options.progress and msg.reply:
+            self._next_token += 1
+            call.token = self._next_token
+            call.meta = b'{"progressToken":%d}' % call.token
+            call.progress = Progress(self.nc, msg.reply, self.settings.keepalive_s, owner)
+            self._by_token[call.token] = call
+        return call
+
+    def close(self, call: OpenCall) -> None:
+        if call.options.call_id is not None and self.open_calls.get(call.options.call_id) is call:
+            del self.open_calls[call.options.call_id]
+        if call.token:
+            self._by_token.pop(call.token, None)
+
+    # --- from the bus and the children --------------------------------------------------
+    async def _on_cancel(self, msg: Msg) -> None:
+        call_id = msg.subject[len(CANCEL_PREFIX) :]
+        if not valid_call_id(call_id):
+            return
+        try:
+            account = request_account(msg.headers)
+        except ValueError:
+            self.cancels_ignored += 1
+            return
+        call = self.open_calls.get(call_id)
+        if call is None:
+            self._remember_early(call_id, account)
+            return
+        if call.options.account != account:
+            self.cancels_ignored += 1
+            log.warning(
+                "ignored a cancel of call %s from account %s: the call is account %s's",
+                call_id,
+                account or "(mesh)",
+                call.options.account or "(mesh)",
+            )
+            return
+        self.cancels_honoured += 1
+        call.cancel(_reason(msg.data))
+
+    def _remember_early(self, call_id: str, account: str | None) -> None:
+        # Also every cancel for a call served by another node, or already answered: bounded, short-lived.
+        self._early[call_id] = (account, time.monotonic())
+        self._early.move_to_end(call_id)
+        while len(self._early) > EARLY_CANCELS:
+            self._early.popitem(last=False)
+
+    def progress(self, owner: object, params: msgspec.Raw) -> None:
+        """A child's notifications/progress; only the bundle that got the token may use it."""
+        try:
+            p = _decode_progress(params)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        call = self._by_token.get(p.progressToken) if isinstance(p.progressToken, int) else None
+        if call is None or call.progress is None or call.progress.owner is not owner or call.cancelled:
+            return
+        message = p.message[:MAX_MESSAGE] if p.message is not None else None
+        call.progress.add(ProgressFrame(progress=p.progress, total=p.total, message=message))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "open": len(self.open_calls),
+            "cancels_honoured": self.cancels_honoured,
+            "cancels_ignored": self.cancels_ignored,
+        }
+
+
+def _reason(data: bytes) -> str:
+    default = "the caller cancelled the call"
+    if not data or len(data) > 4096:
+        return default
+    try:
+        reason = _decode_cancel(data).reason
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return default
+    return reason[:MAX_REASON] if reason else default
+
+
+ProgressHook = Callable[[object, msgspec.Raw], None]

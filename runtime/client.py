@@ -1,0 +1,222 @@
+"""The bus call protocol, caller's side: a deadline, cancellation, progress and large results.
+
+    async with anyio.create_task_group() as tg:          # or any cancel scope
+        caller = MeshClient(nc)
+        result = await caller.call("mesh.tool.hello.greet", {"name": "Ada"},
+                                   timeout_s=10, on_progress=print)
+
+`call` returns the tool's CallToolResult as the JSON bytes the node sent (a result parked in the
+object store is fetched and checked). Cancelling the task that awaits `call` (a cancel scope,
+Ctrl-C) publishes the call's cancel before the cancellation goes on. The node never imports
+this module; docs/bus.md is the protocol it speaks, for callers in other languages.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import secrets
+from typing import Any, Callable
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from .callproto import (
+    CALL_ID,
+    DEFAULT_BUCKET,
+    FRAME,
+    FRAME_PROGRESS,
+    PROGRESS,
+    REQUEST_OBJECT,
+    RESULT_OBJECT,
+    TIMEOUT_MS,
+    CancelBody,
+    ObjectRef,
+    ProgressFrame,
+    cancel_subject,
+)
+from .errors import HEADER_CODE, HEADER_TEXT
+from .objects import DEFAULT_CAP, fetch_result, put_request
+
+HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
+REPLY_GRACE_S = 2.0  # how long past its deadline a caller waits for the node's own 504
+FRAMES_KEPT = 256  # interim frames kept per call until the caller's loop takes them; past it the oldest go
+
+_decode_progress = msgspec.json.Decoder(ProgressFrame).decode
+_decode_ref = msgspec.json.Decoder(ObjectRef).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class CallError(Exception):
+    """A call that did not give a result; `code` is the node's (400 ... 504) or the caller's own."""
+
+    code: int = 0
+
+    def __init__(self, subject: str, message: str, code: int = 0, body: dict[str, Any] | None = None) -> None:
+        self.subject, self.message, self.body = subject, message, body or {}
+        if code:
+            self.code = code
+        super().__init__(f"{subject}: {message}")
+
+
+class NodeRefused(CallError):
+    """The node answered with a runtime error (Nats-Service-Error-Code)."""
+
+
+class NoResponders(CallError):
+    code = 503
+
+
+class NodeSilent(CallError):
+    """No frame within three keepalive intervals of a call that asked for progress: the node is gone."""
+
+    code = 504
+
+
+class NoAnswer(CallError):
+    """Nothing came back by the deadline and its grace (not even the node's 504)."""
+
+    code = 504
+
+
+class _Waiter:
+    __slots__ = ("frames", "final", "event")
+
+    def __init__(self) -> None:
+        self.frames: collections.deque[Msg] = collections.deque(maxlen=FRAMES_KEPT)
+        self.final: Msg | None = None
+        self.event = anyio.Event()
+
+
+class MeshClient:
+    """Calls tools over one NATS connection; many calls may be in flight at once."""
+
+    def __init__(
+        self, nc: Client, *, bucket: str = DEFAULT_BUCKET, result_cap: int = DEFAULT_CAP, keepalive_s: float = 5.0
+    ) -> None:
+        self.nc, self.bucket, self.result_cap, self.keepalive_s = nc, bucket, result_cap, keepalive_s
+        self._prefix = ""
+        self._sub: Subscription | None = None
+        self._waiters: dict[str, _Waiter] = {}
+        self._next = 0
+
+    async def _inbox(self) -> str:
+        if self._sub is None:
+            self._prefix = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(self._prefix + ".*", cb=self._on_reply)
+        self._next += 1
+        return f"{self._prefix}.{self._next}"
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _on_reply(self, msg: Msg) -> None:
+        waiter = self._waiters.get(msg.subject)
+        if waiter is None:
+            return  # a late frame of a call that is over
+        if msg.headers and FRAME in msg.headers:
+            waiter.frames.append(msg)
+        else:
+            waiter.final = msg
+        waiter.event.set()
+
+    async def call(
+        self,
+        subject: str,
+        arguments: dict[str, Any] | bytes | None = None,
+        *,
+        timeout_s: float = 60.0,
+        on_progress: Callable[[ProgressFrame], None] | None = None,
+        cancel_reason: str = "the caller cancelled the call",
+    ) -> bytes:
+        """The CallToolResult's JSON bytes, or a CallError; cancelling the awaiting task cancels the call."""
+        body = arguments if isinstance(arguments, bytes) else _encode(arguments if arguments is not None else {})
+        call_id = secrets.token_urlsafe(16)
+        headers = {CALL_ID: call_id, TIMEOUT_MS: str(max(1, int(timeout_s * 1000)))}
+        if on_progress is not None:
+            headers[PROGRESS] = "1"
+        if len(body) > (self.nc.max_payload or 1024 * 1024) - HEADROOM:
+            headers[REQUEST_OBJECT] = await put_request(self.nc, body, self.bucket)
+            body = b""
+        reply = await self._inbox()
+        waiter = self._waiters[reply] = _Waiter()
+        try:
+            await self.nc.publish(subject, body, reply=reply, headers=headers)
+            final = await self._wait(subject, waiter, timeout_s, on_progress)
+        except BaseException:
+            # Cancelled, timed out or the node went silent: the node stops the call in its child.
+            with anyio.CancelScope(shield=True):
+                await self._cancel(call_id, cancel_reason)
+            raise
+        finally:
+            del self._waiters[reply]
+        return await self._result(subject, final)
+
+    async def _cancel(self, call_id: str, reason: str) -> None:
+        try:
+            await self.nc.publish(cancel_subject(call_id), _encode(CancelBody(reason=reason)))
+            await self.nc.flush(1)
+        except Exception:  # the bus is gone: the node's deadline ends the call
+            pass
+
+    async def _wait(
+        self, subject: str, waiter: _Waiter, timeout_s: float, on_progress: Callable[[ProgressFrame], None] | None
+    ) -> Msg:
+        loop_time = anyio.current_time
+        give_up = loop_time() + timeout_s + REPLY_GRACE_S
+        silence = 3 * self.keepalive_s if on_progress is not None else None
+        heard = loop_time()
+        while True:
+            while waiter.frames:
+                frame = waiter.frames.popleft()
+                heard = loop_time()
+                if on_progress is not None and frame.headers and frame.headers.get(FRAME) == FRAME_PROGRESS:
+                    try:
+                        on_progress(_decode_progress(frame.data))
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        pass  # a frame this client does not understand is not the call's end
+            if waiter.final is not None:
+                return waiter.final
+            now = loop_time()
+            if now >= give_up:
+                raise NoAnswer(subject, f"no answer within {timeout_s:g} s (and {REPLY_GRACE_S:g} s of grace)")
+            wait = give_up - now
+            if silence is not None:
+                if now - heard >= silence:
+                    raise NodeSilent(
+                        subject,
+                        f"no progress or keepalive for {silence:g} s; the node serving the call is gone or cut off",
+                    )
+                wait = min(wait, heard + silence - now)
+            with anyio.move_on_after(wait):
+                await waiter.event.wait()
+            waiter.event = anyio.Event()
+
+    async def _result(self, subject: str, msg: Msg) -> bytes:
+        headers = msg.headers or {}
+        if headers.get("Status") == "503":
+            raise NoResponders(subject, "no node serves this subject (no responders)")
+        if HEADER_CODE in headers:
+            try:
+                body = json.loads(msg.data)
+            except ValueError:
+                body = {}
+            code = int(headers[HEADER_CODE]) if headers[HEADER_CODE].isdigit() else 500
+            raise NodeRefused(subject, headers.get(HEADER_TEXT, ""), code, body)
+        if RESULT_OBJECT in headers:
+            ref = _decode_ref(msg.data)
+            return await fetch_result(self.nc, ref, self.result_cap)
+        return msg.data
+
+
+def tool_result(data: bytes) -> dict[str, Any]:
+    """The CallToolResult as a dict."""
+    result = json.loads(data)
+    if not isinstance(result, dict):
+        raise ValueError("the result is not a JSON object")
+    return result
