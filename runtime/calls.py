@@ -125,13 +125,12 @@ class Progress:
 class OpenCall:
     """A call with options, from its request to its answer (or its cancel)."""
 
-    __slots__ = ("options", "meta", "progress", "token", "task", "cancelled")
+    __slots__ = ("options", "progress", "token", "task", "cancelled")
 
     def __init__(self, options: CallOptions) -> None:
         self.options = options
-        self.meta = b""  # the `_meta` object for the child's tools/call, when it needs one
         self.progress: Progress | None = None
-        self.token = 0
+        self.token = 0  # the progressToken the child gets (call_meta); 0: none
         self.task: asyncio.Task[None] | None = None
         self.cancelled = False  # by its caller: no further answer
 
@@ -146,6 +145,17 @@ class OpenCall:
             # After the task's first step (call_soon is FIFO): a task cancelled before it ever ran
             # would skip the code that frees its slot.
             asyncio.get_running_loop().call_soon(task.cancel, reason)
+
+
+def call_meta(base: bytes, call: OpenCall | None) -> bytes:
+    """A tools/call's `params._meta`: `base` (a JSON object, e.g. the caller's identity; empty: none)
+    with the call's progress token added when its caller asked for progress."""
+    if call is None or not call.token:
+        return base
+    token = b'"progressToken":%d' % call.token
+    if not base:
+        return b"{" + token + b"}"
+    return base[:-1] + b"," + token + b"}" if base != b"{}" else b"{" + token + b"}"
 
 
 class CallDesk:
@@ -196,7 +206,6 @@ class CallDesk:
         if options.progress and msg.reply:
             self._next_token += 1
             call.token = self._next_token
-            call.meta = b'{"progressToken":%d}' % call.token
             call.progress = Progress(self.nc, msg.reply, self.settings.keepalive_s, owner)
             self._by_token[call.token] = call
         return call

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
 
-from .calls import CallDesk, OpenCall
+from .calls import CallDesk, OpenCall, call_meta
 from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
 from .routes import Route, RouteTable
 
@@ -117,7 +117,8 @@ class Dispatcher:
                 )
             timeout_ms = call.options.timeout_for(route.bundle.spec.timeout_ms)
             data = self._checked(route, msg.data)
-            return route.bundle.begin(route.tool_json, data, arrived + timeout_ms / 1000, call.meta, timeout_ms)
+            meta = call_meta(b"", call)
+            return route.bundle.begin(route.tool_json, data, arrived + timeout_ms / 1000, meta, timeout_ms)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
 
@@ -134,7 +135,7 @@ class Dispatcher:
             route = self.table.resolve(msg.subject)
         data, meta, timeout_ms = msg.data, b"", route.bundle.spec.timeout_ms
         if call is not None:
-            meta, timeout_ms = call.meta, call.options.timeout_for(timeout_ms)
+            meta, timeout_ms = call_meta(b"", call), call.options.timeout_for(timeout_ms)
             if call.options.request_object is not None and self.desk is not None:
                 data = await self.desk.objects.take(route.subject, call.options.request_object)
         data = self._checked(route, data)

@@ -17,7 +17,7 @@ from runtime.callproto import (
     parse_headers,
     request_account,
 )
-from runtime.calls import EARLY_CANCELS, CallDesk, CallSettings
+from runtime.calls import EARLY_CANCELS, CallDesk, CallSettings, call_meta
 from runtime.errors import BadRequest
 
 S = "mesh.tool.m.t"
@@ -102,13 +102,18 @@ def msg(headers: dict[str, str], data: bytes = b"{}", reply: str = "_INBOX.x") -
 async def test_desk_registers_refuses_a_second_id_and_forgets_on_close() -> None:
     desk = CallDesk(None, CallSettings())  # type: ignore[arg-type]  # open/close do not touch the bus
     call = desk.open(msg({CALL_ID: ID}), owner=None)
-    assert call is not None and desk.open_calls[ID] is call and call.meta == b""
+    assert call is not None and desk.open_calls[ID] is call and call_meta(b"", call) == b""
     with pytest.raises(BadRequest, match="already in flight"):
         desk.open(msg({CALL_ID: ID}), owner=None)
     desk.close(call)
     assert ID not in desk.open_calls
     progress = desk.open(msg({PROGRESS: "1"}), owner="bundle-a")
-    assert progress is not None and progress.meta == b'{"progressToken":%d}' % progress.token
+    assert progress is not None and call_meta(b"", progress) == b'{"progressToken":%d}' % progress.token
+    # Beside what else the node puts in _meta (the caller's identity), not instead of it.
+    caller = b'{"mesh/caller":{"account":"A"}}'
+    assert call_meta(caller, progress) == b'{"mesh/caller":{"account":"A"},"progressToken":%d}' % progress.token
+    assert call_meta(b"{}", progress) == b'{"progressToken":%d}' % progress.token
+    assert call_meta(caller, None) == caller
 
 
 async def test_desk_remembers_a_cancel_that_came_first_same_account_only_and_bounded() -> None:
