@@ -30,7 +30,13 @@ RESULT_OBJECT = "Mesh-Result-Object"  # the final result is in this object of th
 FRAME_PROGRESS = "progress"
 FRAME_KEEPALIVE = "keepalive"
 
+# A result object read through a node (any account may, for its own results): chunks, then a final reply.
+FRAME_CHUNK = "chunk"
+OBJECT_SIZE = "Mesh-Object-Size"
+OBJECT_SHA256 = "Mesh-Object-Sha256"
+
 CANCEL_PREFIX = "mesh.cancel."
+FETCH_PREFIX = "mesh.fetch."
 DEFAULT_BUCKET = "mesh-calls"
 REQUEST_OBJECT_PREFIX = "req."
 RESULT_OBJECT_PREFIX = "res."
@@ -43,6 +49,7 @@ MAX_REASON = 200  # characters of a cancel's reason passed on to the child
 _ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _MS = re.compile(r"[0-9]{1,9}")
 _OBJECT = re.compile(re.escape(REQUEST_OBJECT_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
+_RESULT = re.compile(re.escape("res.") + r"[A-Za-z0-9_-]{16,64}")
 _PREFIX = "mesh-"
 _KNOWN_LOWER = {k.lower(): k for k in KNOWN}
 
@@ -53,6 +60,14 @@ def cancel_subject(call_id: str) -> str:
 
 def valid_call_id(text: str) -> bool:
     return _ID.fullmatch(text) is not None
+
+
+def fetch_subject(name: str) -> str:
+    return FETCH_PREFIX + name
+
+
+def valid_result_name(text: str) -> bool:
+    return _RESULT.fullmatch(text) is not None
 
 
 class CallOptions(msgspec.Struct):

@@ -23,6 +23,7 @@ from nats.aio.subscription import Subscription
 
 from .callproto import (
     CANCEL_PREFIX,
+    FETCH_PREFIX,
     FRAME,
     FRAME_KEEPALIVE,
     FRAME_PROGRESS,
@@ -169,17 +170,21 @@ class CallDesk:
         self._by_token: dict[int, OpenCall] = {}
         self._next_token = 0
         self._early: collections.OrderedDict[str, tuple[str | None, float]] = collections.OrderedDict()
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
         self.cancels_honoured = 0
         self.cancels_ignored = 0
 
-    async def start(self) -> None:
-        self._sub = await self.nc.subscribe(CANCEL_PREFIX + "*", cb=self._on_cancel)
+    async def start(self, queue_group: str) -> None:
+        self._subs = [
+            await self.nc.subscribe(CANCEL_PREFIX + "*", cb=self._on_cancel),
+            # Any one node reads a result object back for its caller (the store is the mesh's).
+            await self.nc.subscribe(FETCH_PREFIX + ">", queue=queue_group, cb=self.objects.serve_fetch),
+        ]
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs = []
 
     # --- a request ---------------------------------------------------------------------
     def open(self, msg: Msg, owner: object) -> OpenCall | None:

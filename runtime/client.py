@@ -14,12 +14,14 @@ this module; docs/bus.md is the protocol it speaks, for callers in other languag
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import secrets
 from typing import Any, Callable
 
 import anyio
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -28,6 +30,7 @@ from .callproto import (
     CALL_ID,
     DEFAULT_BUCKET,
     FRAME,
+    FRAME_CHUNK,
     FRAME_PROGRESS,
     PROGRESS,
     REQUEST_OBJECT,
@@ -37,12 +40,14 @@ from .callproto import (
     ObjectRef,
     ProgressFrame,
     cancel_subject,
+    fetch_subject,
 )
 from .errors import HEADER_CODE, HEADER_TEXT
-from .objects import DEFAULT_CAP, fetch_result, put_request
+from .objects import DEFAULT_CAP, put_request
 
 HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
 REPLY_GRACE_S = 2.0  # how long past its deadline a caller waits for the node's own 504
+FETCH_SILENCE_S = 30.0  # a result object's chunks stop coming for this long: the node is gone
 FRAMES_KEPT = 256  # interim frames kept per call until the caller's loop takes them; past it the oldest go
 
 _decode_progress = msgspec.json.Decoder(ProgressFrame).decode
@@ -199,19 +204,64 @@ class MeshClient:
 
     async def _result(self, subject: str, msg: Msg) -> bytes:
         headers = msg.headers or {}
-        if headers.get("Status") == "503":
-            raise NoResponders(subject, "no node serves this subject (no responders)")
-        if HEADER_CODE in headers:
-            try:
-                body = json.loads(msg.data)
-            except ValueError:
-                body = {}
-            code = int(headers[HEADER_CODE]) if headers[HEADER_CODE].isdigit() else 500
-            raise NodeRefused(subject, headers.get(HEADER_TEXT, ""), code, body)
+        if headers.get("Status") == "503" or HEADER_CODE in headers:
+            raise _refused_error(subject, msg)
         if RESULT_OBJECT in headers:
-            ref = _decode_ref(msg.data)
-            return await fetch_result(self.nc, ref, self.result_cap)
+            return await self._fetch(subject, _decode_ref(msg.data))
         return msg.data
+
+    async def _fetch(self, subject: str, ref: ObjectRef) -> bytes:
+        """A result parked in the object store, read through a node (`mesh.fetch.<name>`) and checked."""
+        if ref.size > self.result_cap:
+            raise CallError(
+                subject,
+                f"the result ({ref.size} bytes, object {ref.name}) is larger than this "
+                f"caller takes ({self.result_cap} bytes)",
+                413,
+            )
+        inbox = self.nc.new_inbox()
+        # Room for every chunk at once: the node sends them as fast as the bus takes them.
+        sub = await self.nc.subscribe(inbox, pending_bytes_limit=ref.size + 8 * 1024 * 1024)
+        parts: list[bytes] = []
+        got = 0
+        try:
+            await self.nc.publish(fetch_subject(ref.name), b"", reply=inbox)
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=FETCH_SILENCE_S)
+                except nats.errors.TimeoutError:
+                    raise NoAnswer(
+                        subject,
+                        f"result object {ref.name}: nothing for {FETCH_SILENCE_S:g} s after {got} of {ref.size} bytes",
+                    ) from None
+                headers = msg.headers or {}
+                if headers.get(FRAME) == FRAME_CHUNK:
+                    got += len(msg.data)
+                    if got > ref.size:
+                        raise CallError(subject, f"result object {ref.name} is longer than its reply says", 502)
+                    parts.append(msg.data)
+                    continue
+                if HEADER_CODE in headers or headers.get("Status") == "503":
+                    raise _refused_error(subject, msg)
+                break
+        finally:
+            await sub.unsubscribe()
+        data = b"".join(parts)
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise CallError(subject, f"result object {ref.name} is not what the reply says (size or sha256)", 502)
+        return data
+
+
+def _refused_error(subject: str, msg: Msg) -> CallError:
+    headers = msg.headers or {}
+    if HEADER_CODE not in headers:
+        return NoResponders(subject, "no node serves this subject (no responders)")
+    try:
+        body = json.loads(msg.data)
+    except ValueError:
+        body = {}
+    code = int(headers[HEADER_CODE]) if headers[HEADER_CODE].isdigit() else 500
+    return NodeRefused(subject, headers.get(HEADER_TEXT, ""), code, body)
 
 
 def tool_result(data: bytes) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
 
+from .callproto import REQUEST_INFO, request_account
 from .calls import CallDesk, OpenCall, call_meta
 from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
 from .routes import Route, RouteTable
@@ -163,11 +164,17 @@ class Dispatcher:
             raise _child_error(route.subject, e) from None
         return bytes(result)
 
-    async def _park(self, route: Route, body: bytes) -> tuple[bytes, dict[str, str]]:
-        """A result larger than one message: into the object store, the reply a reference to it."""
+    async def _park(self, msg: Msg, route: Route, body: bytes) -> tuple[bytes, dict[str, str]]:
+        """A result larger than one message: into the object store for its caller's account, the reply
+        a reference to it."""
+        what = f"the result of {route.tool}"
         if self.desk is None:
-            raise TooLarge(route.subject, f"the result of {route.tool}", len(body), self.max_payload)
-        return await self.desk.objects.park(route.subject, f"the result of {route.tool}", body)
+            raise TooLarge(route.subject, what, len(body), self.max_payload)
+        try:
+            account = request_account(msg.headers)
+        except ValueError as e:
+            raise BadRequest(msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
+        return await self.desk.objects.park(route.subject, what, body, account)
 
     async def serve(
         self,
@@ -188,7 +195,7 @@ class Dispatcher:
                     route, pending = await self._begin_late(msg, route, arrived, call)
                 body = await self._finish(route, pending, call)
                 if len(body) > self.max_payload:
-                    body, headers = await self._park(route, body)
+                    body, headers = await self._park(msg, route, body)
         except NodeError as e:
             error = e
         except anyio.get_cancelled_exc_class():

@@ -61,6 +61,22 @@ class TooLarge(NodeError):
         return {"subject": self.subject, "size": self.size, "limit": self.limit}
 
 
+class NoSuchObject(NodeError):
+    """A result object asked for through a node that is not there for the asker (or at all)."""
+
+    code, kind = 404, "not_found"
+
+    def __init__(self, subject: str, name: str, bucket: str, ttl_s: float) -> None:
+        self.subject, self.name = subject, name
+        super().__init__(
+            f"no result object {name[:80]!r} for your account in {bucket}: it expired (TTL {ttl_s:g} s), "
+            "or its name is not one a reply gave you"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        return {"subject": self.subject}
+
+
 class OverCap(NodeError):
     """A result or request too large even for the object store handoff (or with no store to use)."""
 

@@ -147,7 +147,7 @@ class Node:
             self._bundles_tg = bundles_tg
             async with anyio.create_task_group() as watchers_tg:
                 await self.service.start()
-                await self.desk.start()
+                await self.desk.start(self.config.queue_group)
                 await self._start_control()
                 # Every child starts at once; the seats follow one look at the bus for them all.
                 for placement in placements:

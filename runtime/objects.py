@@ -4,6 +4,10 @@ One bucket (`mesh-calls` unless configured) whose stream's max age is the object
 has to remember to delete a result a caller never fetched. Names are `res.<random>` for results
 (only the caller that gets the reply learns the name) and `req.<random>` for requests. The node
 reads a request object once and deletes it; a result object lives until its TTL.
+
+A result is read back through a node (`mesh.fetch.<name>`, chunks on the reply subject), so a
+caller needs no JetStream permission and one in another account reads it through its imports;
+the node hands a result only to the account whose call made it.
 """
 
 from __future__ import annotations
@@ -15,12 +19,26 @@ import secrets
 
 import msgspec
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from .callproto import DEFAULT_BUCKET, REQUEST_OBJECT_PREFIX, RESULT_OBJECT, RESULT_OBJECT_PREFIX, ObjectRef
-from .errors import OverCap
+from .callproto import (
+    DEFAULT_BUCKET,
+    FETCH_PREFIX,
+    FRAME,
+    FRAME_CHUNK,
+    OBJECT_SHA256,
+    OBJECT_SIZE,
+    REQUEST_OBJECT_PREFIX,
+    RESULT_OBJECT,
+    RESULT_OBJECT_PREFIX,
+    ObjectRef,
+    request_account,
+    valid_result_name,
+)
+from .errors import NodeError, NoSuchObject, OverCap, render
 
 log = logging.getLogger("mesh.objects")
 
@@ -80,8 +98,8 @@ class ObjectHandoff:
                 ) from None
         return self._store
 
-    async def park(self, subject: str, what: str, data: bytes) -> tuple[bytes, dict[str, str]]:
-        """Store a result; the reply's body and headers that point at it."""
+    async def park(self, subject: str, what: str, data: bytes, account: str | None) -> tuple[bytes, dict[str, str]]:
+        """Store a result for `account` (None: the mesh account); the reply's body and headers that point at it."""
         if len(data) > self.cap:
             raise OverCap(
                 subject,
@@ -92,7 +110,7 @@ class ObjectHandoff:
             )
         store = await self._open(subject, what, len(data))
         name = object_name(RESULT_OBJECT_PREFIX)
-        await store.put(name, data)
+        await store.put(name, data, meta=api.ObjectMeta(name=name, description=_owner(account)))
         ref = ObjectRef(bucket=self.bucket, name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
         return _encode(ref), {RESULT_OBJECT: name}
 
@@ -125,6 +143,49 @@ class ObjectHandoff:
             log.warning("could not delete request object %s: %s", name, e)
         return sink.getvalue()
 
+    async def serve_fetch(self, msg: Msg) -> None:
+        """`mesh.fetch.<name>`: the result object in chunks on the reply subject, then a final reply
+        with its size and sha256; 404 for an object that is not there or not the asker's."""
+        if not msg.reply:
+            return
+        name = msg.subject[len(FETCH_PREFIX) :]
+        try:
+            for chunk, headers in await self._chunks(msg, name):
+                await self.nc.publish(msg.reply, chunk, headers=headers)
+        except NodeError as e:
+            body, headers = render(e)
+            await self.nc.publish(msg.reply, body, headers=headers)
+        except Exception as e:  # the bus or the store failed mid-way: the caller's wait ends with its timeout
+            log.warning("could not hand over %s: %s", name, e)
+
+    async def _chunks(self, msg: Msg, name: str) -> list[tuple[bytes, dict[str, str]]]:
+        missing = NoSuchObject(msg.subject, name, self.bucket, self.ttl_s)
+        if not valid_result_name(name):
+            raise missing
+        try:
+            account = request_account(msg.headers)
+        except ValueError:
+            raise missing from None
+        store = await self._open(msg.subject, f"result object {name}", 0)
+        try:
+            info = await store.get_info(name)
+        except NotFoundError:
+            raise missing from None
+        if info.description != _owner(account):
+            raise missing  # another account's result: not even said to exist
+        sink = io.BytesIO()
+        await store.get(name, writeinto=sink)
+        data = sink.getvalue()
+        step = max(1024, (self.nc.max_payload or 1024 * 1024) - 4096)
+        frames = [(data[i : i + step], {FRAME: FRAME_CHUNK}) for i in range(0, len(data), step)]
+        done = {OBJECT_SIZE: str(len(data)), OBJECT_SHA256: hashlib.sha256(data).hexdigest()}
+        return [*frames, (b"", done)]
+
+
+def _owner(account: str | None) -> str:
+    """What a result object records of the account it was made for (the mesh account: empty)."""
+    return f"mesh-caller-account:{account or ''}"
+
 
 async def put_request(nc: Client, data: bytes, bucket: str = DEFAULT_BUCKET) -> str:
     """The caller's side: put a request's arguments into the bucket; the name for Mesh-Request-Object."""
@@ -132,20 +193,3 @@ async def put_request(nc: Client, data: bytes, bucket: str = DEFAULT_BUCKET) -> 
     name = object_name(REQUEST_OBJECT_PREFIX)
     await store.put(name, data)
     return name
-
-
-class ObjectMismatch(Exception):
-    pass
-
-
-async def fetch_result(nc: Client, ref: ObjectRef, cap: int = DEFAULT_CAP) -> bytes:
-    """The caller's side: a result object's bytes, checked against the reply's size and sha256."""
-    if ref.size > cap:
-        raise ObjectMismatch(f"result object {ref.name} is {ref.size} bytes; this caller takes at most {cap}")
-    store = await nc.jetstream().object_store(ref.bucket)
-    sink = io.BytesIO()
-    await store.get(ref.name, writeinto=sink)
-    data = sink.getvalue()
-    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
-        raise ObjectMismatch(f"result object {ref.name} is not what the reply says (size or sha256 differ)")
-    return data

@@ -18,7 +18,7 @@ import anyio
 import nats
 import pytest
 
-from runtime.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject
+from runtime.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject, fetch_subject
 from runtime.client import MeshClient, tool_result
 from tests.faults.security_support import ConfiguredServer, node_config
 from tests.support.mesh import NodeProcess, make_module
@@ -31,6 +31,7 @@ accounts {
     exports [
       {service: "mesh.tool.>", response_type: stream, response_threshold: "10m"}
       {service: "mesh.cancel.*"}
+      {service: "mesh.fetch.>", response_type: stream}
     ]
   }
   A {
@@ -38,6 +39,7 @@ accounts {
     imports [
       {service: {account: MESH, subject: "mesh.tool.>"}, share: true}
       {service: {account: MESH, subject: "mesh.cancel.*"}, share: true}
+      {service: {account: MESH, subject: "mesh.fetch.>"}, share: true}
     ]
   }
   B {
@@ -45,6 +47,7 @@ accounts {
     imports [
       {service: {account: MESH, subject: "mesh.tool.>"}, share: true}
       {service: {account: MESH, subject: "mesh.cancel.*"}, share: true}
+      {service: {account: MESH, subject: "mesh.fetch.>"}, share: true}
     ]
   }
 }
@@ -139,3 +142,22 @@ async def test_progress_frames_cross_the_account_boundary(stack: Stack) -> None:
     assert seen == [1, 2, 3]
     await caller.close()
     await alice.close()
+
+
+async def test_a_result_larger_than_a_message_reaches_its_caller_only(stack: Stack) -> None:
+    """Parked in the mesh's object store, read back through a node: no JetStream permission needed
+    by the caller, and another account cannot read it even knowing its name."""
+    alice, bob = await as_user(stack, "alice"), await as_user(stack, "bob")
+    size = 3 * 1024 * 1024
+    inbox = alice.new_inbox()
+    sub = await alice.subscribe(inbox)
+    await alice.publish("mesh.tool.calls.big", json.dumps({"bytes": size}).encode(), reply=inbox)
+    ref = json.loads((await sub.next_msg(timeout=30)).data)
+    caller = MeshClient(alice)
+    result = tool_result(await caller.call("mesh.tool.calls.big", {"bytes": size}, timeout_s=30))
+    assert result["content"][0]["text"] == "x" * size
+    msg = await bob.request(fetch_subject(ref["name"]), b"", timeout=10)
+    assert (msg.headers or {}).get("Nats-Service-Error-Code") == "404", msg.headers
+    await caller.close()
+    await alice.close()
+    await bob.close()

@@ -16,6 +16,7 @@ from runtime.callproto import (
     CallOptions,
     parse_headers,
     request_account,
+    valid_result_name,
 )
 from runtime.calls import EARLY_CANCELS, CallDesk, CallSettings, call_meta
 from runtime.errors import BadRequest
@@ -87,6 +88,12 @@ def test_a_bad_request_info_stamp_is_refused(info: str) -> None:
 def test_request_account() -> None:
     assert request_account(None) is None and request_account({}) is None
     assert request_account({REQUEST_INFO: '{"acc":"AGENTS","user":"x"}'}) == "AGENTS"
+
+
+def test_only_result_names_can_be_fetched() -> None:
+    assert valid_result_name("res." + ID)
+    for bad in ("req." + ID, "res.short", "res." + ID + ".x", "res.../../x" + ID, "res." + "a" * 65):
+        assert not valid_result_name(bad), bad
 
 
 def test_deadline_shortens_never_lengthens() -> None:
