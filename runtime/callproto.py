@@ -195,7 +195,10 @@ class ProgressFrame(msgspec.Struct, omit_defaults=True):
 
 
 class KeepaliveFrame(msgspec.Struct):
+    """Sent when the node takes the call (elapsed 0) and after every `interval_ms` without a frame."""
+
     elapsed_ms: int
+    interval_ms: int
 
 
 class ObjectRef(msgspec.Struct):

@@ -101,14 +101,20 @@ class Progress:
         return result
 
     async def _pump(self) -> None:
+        # The first keepalive at once: the caller learns a node has its call, and the interval to expect.
+        await self._keepalive()
         while True:
             with anyio.move_on_after(self.keepalive_s) as waited:
                 await self._wake.wait()
             self._wake = anyio.Event()
             if waited.cancelled_caught and not self.frames:
-                elapsed = int((time.monotonic() - self._started) * 1000)
-                await self._publish(_encode(KeepaliveFrame(elapsed_ms=elapsed)), FRAME_KEEPALIVE)
+                await self._keepalive()
             await self._flush()
+
+    async def _keepalive(self) -> None:
+        elapsed = int((time.monotonic() - self._started) * 1000)
+        frame = KeepaliveFrame(elapsed_ms=elapsed, interval_ms=int(self.keepalive_s * 1000))
+        await self._publish(_encode(frame), FRAME_KEEPALIVE)
 
     async def _flush(self) -> None:
         while self.frames:

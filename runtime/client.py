@@ -31,12 +31,14 @@ from .callproto import (
     DEFAULT_BUCKET,
     FRAME,
     FRAME_CHUNK,
+    FRAME_KEEPALIVE,
     FRAME_PROGRESS,
     PROGRESS,
     REQUEST_OBJECT,
     RESULT_OBJECT,
     TIMEOUT_MS,
     CancelBody,
+    KeepaliveFrame,
     ObjectRef,
     ProgressFrame,
     cancel_subject,
@@ -51,6 +53,7 @@ FETCH_SILENCE_S = 30.0  # a result object's chunks stop coming for this long: th
 FRAMES_KEPT = 256  # interim frames kept per call until the caller's loop takes them; past it the oldest go
 
 _decode_progress = msgspec.json.Decoder(ProgressFrame).decode
+_decode_keepalive = msgspec.json.Decoder(KeepaliveFrame).decode
 _decode_ref = msgspec.json.Decoder(ObjectRef).decode
 _encode = msgspec.json.Encoder().encode
 
@@ -97,7 +100,10 @@ class _Waiter:
 
 
 class MeshClient:
-    """Calls tools over one NATS connection; many calls may be in flight at once."""
+    """Calls tools over one NATS connection; many calls may be in flight at once.
+
+    `keepalive_s`: the node's keepalive interval assumed until its first keepalive says it.
+    """
 
     def __init__(
         self, nc: Client, *, bucket: str = DEFAULT_BUCKET, result_cap: int = DEFAULT_CAP, keepalive_s: float = 5.0
@@ -180,11 +186,15 @@ class MeshClient:
             while waiter.frames:
                 frame = waiter.frames.popleft()
                 heard = loop_time()
-                if on_progress is not None and frame.headers and frame.headers.get(FRAME) == FRAME_PROGRESS:
-                    try:
+                kind = frame.headers.get(FRAME) if frame.headers else None
+                try:
+                    if on_progress is not None and kind == FRAME_PROGRESS:
                         on_progress(_decode_progress(frame.data))
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        pass  # a frame this client does not understand is not the call's end
+                    elif silence is not None and kind == FRAME_KEEPALIVE:
+                        # The node says how often it speaks: three of its intervals of silence mean it is gone.
+                        silence = 3 * max(0.1, _decode_keepalive(frame.data).interval_ms / 1000)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    pass  # a frame this client does not understand is not the call's end
             if waiter.final is not None:
                 return waiter.final
             now = loop_time()

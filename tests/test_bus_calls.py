@@ -20,6 +20,7 @@ from typing import Iterator
 import anyio
 import nats
 import pytest
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from runtime.callproto import (
@@ -32,7 +33,7 @@ from runtime.callproto import (
     ProgressFrame,
     cancel_subject,
 )
-from runtime.client import MeshClient, NodeRefused, NoResponders, tool_result
+from runtime.client import MeshClient, NodeRefused, NodeSilent, NoResponders, tool_result
 from tests.support.mesh import (
     FAST_CONFIG,
     MESHCTL,
@@ -361,3 +362,26 @@ def test_meshctl_call_shows_progress_and_cancels_on_sigint(mesh: Mesh) -> None:
     assert "cancelled" in err
     [(_, reason)] = anyio.run(mesh.wait_cancelled, rid)
     assert "Ctrl-C" in reason
+
+
+async def test_the_client_learns_the_keepalive_interval_and_names_a_silent_node(mesh: Mesh) -> None:
+    nc = await ready(mesh)
+    # Assumes 50 ms until the node's first keepalive says 300 ms: a 1 s call is not taken for dead.
+    caller = MeshClient(nc, keepalive_s=0.05)
+    seen: list[ProgressFrame] = []
+    result = tool_result(await caller.call(HOLD, {"seconds": 1, "tag": "learn"}, on_progress=seen.append))
+    assert result["content"][0]["text"] == "held"
+    # A responder that says it speaks every 100 ms and then falls silent: NodeSilent after three.
+
+    async def once_then_silent(msg: Msg) -> None:
+        await nc.publish(msg.reply, b'{"elapsed_ms":0,"interval_ms":100}', headers={FRAME: "keepalive"})
+
+    sub = await nc.subscribe("test.silent", cb=once_then_silent)
+    t = time.monotonic()
+    with pytest.raises(NodeSilent):
+        await caller.call("test.silent", {}, timeout_s=10, on_progress=seen.append)
+    took = time.monotonic() - t
+    assert took < 5, f"took {took:.1f} s to give up on a node silent after saying 100 ms"
+    await sub.unsubscribe()
+    await caller.close()
+    await nc.close()

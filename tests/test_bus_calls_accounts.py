@@ -130,9 +130,9 @@ async def test_progress_frames_cross_the_account_boundary(stack: Stack) -> None:
     with anyio.fail_after(10):
         while final is None:
             msg = await sub.next_msg(timeout=10)
-            if msg.headers and FRAME in msg.headers:
+            if msg.headers and msg.headers.get(FRAME) == "progress":
                 frames.append(json.loads(msg.data)["progress"])
-            else:
+            elif not (msg.headers and FRAME in msg.headers):
                 final = msg
     assert frames == [1, 2, 3, 4, 5] and tool_result(final.data)["content"][0]["text"] == "done"
     # The client library does the same for a caller in another account.
