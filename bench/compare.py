@@ -20,7 +20,7 @@ from pathlib import Path
 from .modules import BENCH, echo_module
 from .nodes import connect, start_nats, start_node, wait_settled
 from .paths import CallPath
-from .paths import measure, nats_path
+from .paths import client_path, measure, nats_path
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -43,7 +43,11 @@ async def run(args: argparse.Namespace) -> None:
             await wait_settled(nc, node, f"node-{label.lower()}", 1, 120, print)
             paths.append(CallPath(label, "node", f"node {label}", nats_path(nc, f"mesh.tool.echo-{label.lower()}.echo",
                                    b'{"text":"hello"}'), {"node": node.pid}))
-        results: dict[str, list[dict]] = {"A": [], "B": []}
+            if label == "A" and args.client:
+                # C: node A again, every call through runtime/client.py (with the protocol's headers).
+                paths.append(CallPath("C", "node", "node A via the client", client_path(
+                    nc, "mesh.tool.echo-a.echo", {"text": "hello"}), {"node": node.pid}))
+        results: dict[str, list[dict]] = {p.name: [] for p in paths}
         for r in range(args.rounds):
             for p in (paths if r % 2 == 0 else paths[::-1]):
                 m = (await measure(p, args.seq, args.conc)).summary()
@@ -52,7 +56,8 @@ async def run(args: argparse.Namespace) -> None:
                       f"{m['calls_per_s']:.0f} calls/s, node CPU {m['cpu_us_per_call_seq']['node']:.0f} / "
                       f"{m['cpu_us_per_call_conc']['node']:.0f} us/call (sequential / 32 in flight)", flush=True)
         print()
-        print(f"{'':<28} {'A (this checkout)':>18} {'B (' + str(args.source) + ')':>18} {'B/A':>7}")
+        extra = f" {'C (A, client)':>18} {'C/A':>7}" if args.client else ""
+        print(f"{'':<28} {'A (this checkout)':>18} {'B (' + str(args.source) + ')':>18} {'B/A':>7}{extra}")
         for key, label in (("p50_us", "p50 us"), ("p99_us", "p99 us"), ("calls_per_s", "calls/s at 32"),
                            ("cpu_seq", "node CPU us/call, sequential"), ("cpu_conc", "node CPU us/call, 32")):
             def pick(m: dict) -> float:
@@ -63,7 +68,11 @@ async def run(args: argparse.Namespace) -> None:
                 return m[key]
             a = statistics.median(pick(m) for m in results["A"])
             b = statistics.median(pick(m) for m in results["B"])
-            print(f"{label:<28} {a:18.0f} {b:18.0f} {b / a:7.2f}")
+            more = ""
+            if args.client:
+                c = statistics.median(pick(m) for m in results["C"])
+                more = f" {c:18.0f} {c / a:7.2f}"
+            print(f"{label:<28} {a:18.0f} {b:18.0f} {b / a:7.2f}{more}")
         await nc.close()
     finally:
         for node in nodes:
@@ -77,6 +86,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seq", type=int, default=2000, help="sequential calls per measurement")
     p.add_argument("--conc", type=int, default=10000, help="calls at 32 in flight per measurement")
+    p.add_argument("--client", action="store_true",
+                   help="also measure node A through runtime/client.py (the call protocol's headers on every call)")
     asyncio.run(run(p.parse_args()))
     return 0
 

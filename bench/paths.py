@@ -135,6 +135,27 @@ def nats_path(nc: Client, subject: str, body: bytes) -> Callable[[], Any]:
     return open_
 
 
+def client_path(nc: Client, subject: str, arguments: dict[str, Any]) -> Callable[[], Any]:
+    """A call through the bus call protocol's client (runtime/client.py): Mesh-Call-Id and
+    Mesh-Timeout-Ms on every request, so the node takes its path for calls with options."""
+    from runtime.client import MeshClient
+
+    @asynccontextmanager
+    async def open_() -> AsyncIterator[Call]:
+        caller = MeshClient(nc)
+
+        async def call() -> None:
+            await caller.call(subject, arguments, timeout_s=10)
+
+        await call()
+        try:
+            yield call
+        finally:
+            await caller.close()
+
+    return open_
+
+
 def lean_stdio_path(argv: list[str], tool: str, arguments: bytes) -> Callable[[], Any]:
     """The child on our own pipes, through the lean client."""
 
