@@ -385,3 +385,32 @@ async def test_the_client_learns_the_keepalive_interval_and_names_a_silent_node(
     await sub.unsubscribe()
     await caller.close()
     await nc.close()
+
+
+def test_meshctl_call_draws_a_progress_bar_on_a_terminal(mesh: Mesh) -> None:
+    import pty
+
+    master, slave = pty.openpty()  # stderr is a terminal: the bar; stdout stays a pipe for the result
+    proc = subprocess.Popen(
+        [*MESHCTL, "call", "--nats", mesh.url, "tool.calls.progress", '{"steps": 4, "delay": 0.05}'],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+    )
+    os.close(slave)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the terminal's other end closed: meshctl is done
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(master)
+    out = proc.stdout.read() if proc.stdout else b""
+    assert proc.wait(30) == 0
+    assert b"\r\x1b[K[" + b"#" * 30 + b"] 4/4 step 4" in drawn, drawn
+    assert b"\r\x1b[K[" + b"#" * 7 + b"." * 23 + b"] 1/4 step 1" in drawn, drawn
+    assert drawn.endswith(b"\r\x1b[K"), "the bar is not cleared before the result"
+    assert b"progress 1/4" not in drawn and b"done" in out
