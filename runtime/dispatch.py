@@ -149,13 +149,18 @@ class Dispatcher:
         except CallTimedOut as e:
             raise TimedOut(route.tool, e, _whose(route, call)) from None
 
+    async def _run(
+        self, msg: Msg, route: Route | None, pending: Pending | None, arrived: float, call: OpenCall
+    ) -> tuple[Route, bytes]:
+        """A call with options from where `start` left it to the child's answer."""
+        if pending is None or route is None:
+            route, pending = await self._begin_late(msg, route, arrived, call)
+        return route, await self._finish(route, pending, call)
+
     async def _finish(self, route: Route, pending: Pending, call: OpenCall | None = None) -> bytes:
-        """The child's answer to a call written, as the reply's bytes (its progress forwarded meanwhile)."""
+        """The child's answer to a call written, as the reply's bytes."""
         try:
-            if call is None or call.progress is None:
-                result = await route.bundle.finish(pending)
-            else:
-                result = await call.progress.during(route.bundle.finish(pending))
+            result = await route.bundle.finish(pending)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
@@ -190,12 +195,18 @@ class Dispatcher:
         body = b""
         headers: dict[str, str] | None = None
         try:
-            if call is None or not call.cancelled:  # cancelled before it came: never begun, not answered
+            if call is None:
                 if pending is None or route is None:
-                    route, pending = await self._begin_late(msg, route, arrived, call)
-                body = await self._finish(route, pending, call)
-                if len(body) > self.max_payload:
-                    body, headers = await self._park(msg, route, body)
+                    route, pending = await self._begin_late(msg, route, arrived)
+                body = await self._finish(route, pending)
+            elif call.cancelled:
+                pass  # cancelled before it came: never begun, and not answered
+            elif call.progress is not None:  # frames and keepalives also while it waits for its bundle
+                route, body = await call.progress.during(self._run(msg, route, pending, arrived, call))
+            else:
+                route, body = await self._run(msg, route, pending, arrived, call)
+            if route is not None and len(body) > self.max_payload:
+                body, headers = await self._park(msg, route, body)
         except NodeError as e:
             error = e
         except anyio.get_cancelled_exc_class():
