@@ -98,6 +98,13 @@ class Progress:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self._flush()
+                if self.dropped:
+                    log.warning(
+                        "%d progress frames to %s dropped: more than %d were waiting",
+                        self.dropped,
+                        self.reply,
+                        FRAMES_WAITING,
+                    )
         return result
 
     async def _pump(self) -> None:
