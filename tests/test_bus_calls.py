@@ -45,6 +45,9 @@ from tests.support.mesh import (
     stop_process,
     wait_state,
 )
+from tests.support.mesh import (
+    status as nc_status,
+)
 
 KEEPALIVE_S = 0.3
 TTL_S = 3
@@ -414,3 +417,16 @@ def test_meshctl_call_draws_a_progress_bar_on_a_terminal(mesh: Mesh) -> None:
     assert b"\r\x1b[K[" + b"#" * 7 + b"." * 23 + b"] 1/4 step 1" in drawn, drawn
     assert drawn.endswith(b"\r\x1b[K"), "the bar is not cleared before the result"
     assert b"progress 1/4" not in drawn and b"done" in out
+
+
+async def test_keepalives_flow_while_the_call_waits_for_its_bundle_to_start(tmp_path: Path, node_factory) -> None:
+    make_module(tmp_path / "mods", "slow", env={"RAW_MODE": "slow_start", "RAW_START_DELAY": "1.5"})
+    node = node_factory(tmp_path / "mods", config=CONFIG)
+    nc = await client(node.bus_url())
+    status = {b["bundle"]: b["state"] for b in (await nc_status(nc, node.name))["bundles"]}
+    assert status == {"tools": "starting"}, status
+    got = await raw(nc, "mesh.tool.slow.echo", b'{"waited": true}', {PROGRESS: "1"}, wait=10)
+    keepalives = [json.loads(m.data) for m in got if m.headers and m.headers.get(FRAME) == "keepalive"]
+    assert len(keepalives) >= 3 and keepalives[0]["elapsed_ms"] < 100, keepalives
+    assert json.loads(got[-1].data)["structuredContent"] == {"waited": True}
+    await nc.close()
