@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
 from tests.support.sdk import build_context, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
@@ -169,3 +170,11 @@ def test_compile_error_is_build_failed(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as e:
         TOOLCHAIN.build(build_context(module, tmp_path / "stage", tmp_path / "cache"))
     assert "undefinedThing" in e.value.output
+
+
+async def test_progress_and_cancel_over_the_bus_through_a_node(calls_stage: Path, node_factory, tmp_path: Path) -> None:
+    """docs/bus.md end to end: bus progress from Progress(ctx, ...), a bus cancel reaches ctx.Done()."""
+    program = calls_stage / "bin" / "go-calls"
+    await check_progress_and_cancel_over_the_bus(
+        node_factory, tmp_path / "mods", [], tmp_path / "marker", program=program
+    )
