@@ -89,11 +89,17 @@ class Progress:
         self._wake.set()
 
     async def during(self, work: Awaitable[T]) -> T:
-        """Await `work` while frames are published; what is still waiting goes out before it returns."""
+        """Await `work` while frames are published; what is still waiting goes out before it returns.
+
+        An error of `work` comes out as itself, not inside an exception group.
+        """
+        error: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._pump)
             try:
                 result = await work
+            except Exception as e:  # cancellation (a BaseException) goes through the group as it is
+                error = e
             finally:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
@@ -105,6 +111,8 @@ class Progress:
                         self.reply,
                         FRAMES_WAITING,
                     )
+        if error is not None:
+            raise error
         return result
 
     async def _pump(self) -> None:

@@ -234,6 +234,18 @@ async def test_progress_arrives_in_order_and_only_when_asked(mesh: Mesh) -> None
     await nc.close()
 
 
+async def test_errors_of_a_call_with_progress_are_the_same_errors(mesh: Mesh) -> None:
+    nc = await ready(mesh)
+    got = await raw(nc, "mesh.tool.calls.nope", b"{}", {PROGRESS: "1"})
+    assert error_of(got[-1])[0] == 404
+    got = await raw(nc, HOLD, b'{"seconds": 3, "tag": "progress-deadline"}', {PROGRESS: "1", TIMEOUT_MS: "200"})
+    code, body = error_of(got[-1])
+    assert code == 504 and body["error"]["deadline"] == "caller", body
+    got = await raw(nc, "mesh.tool.calls.typed", b'{"count": 1}', {PROGRESS: "1"})
+    assert error_of(got[-1])[0] == 400
+    await nc.close()
+
+
 async def test_a_long_call_sends_keepalives(mesh: Mesh) -> None:
     nc = await ready(mesh)
     got = await raw(nc, HOLD, b'{"seconds": 1.2, "tag": "keepalive"}', {PROGRESS: "1"})
