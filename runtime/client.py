@@ -151,8 +151,8 @@ class MeshClient:
         headers = {CALL_ID: call_id, TIMEOUT_MS: str(max(1, int(timeout_s * 1000)))}
         if on_progress is not None:
             headers[PROGRESS] = "1"
-        if len(body) > (self.nc.max_payload or 1024 * 1024) - HEADROOM:
-            headers[REQUEST_OBJECT] = await put_request(self.nc, body, self.bucket)
+        if len(body) > (limit := (self.nc.max_payload or 1024 * 1024) - HEADROOM):
+            headers[REQUEST_OBJECT] = await self._put_request(subject, body, limit)
             body = b""
         reply = await self._inbox()
         waiter = self._waiters[reply] = _Waiter()
@@ -167,6 +167,20 @@ class MeshClient:
         finally:
             del self._waiters[reply]
         return await self._result(subject, final)
+
+    async def _put_request(self, subject: str, body: bytes, limit: int) -> str:
+        """Arguments larger than one message into the object store; 413 naming why when this connection cannot."""
+        try:
+            with anyio.fail_after(30):
+                return await put_request(self.nc, body, self.bucket)
+        except Exception as e:  # no JetStream here (another account), no permission, a full store
+            raise CallError(
+                subject,
+                f"the arguments are {len(body)} bytes, more than one message carries ({limit}); handing them over "
+                f"needs JetStream on the object store {self.bucket}, which this connection cannot use "
+                f"({type(e).__name__}: {e}); send smaller arguments",
+                413,
+            ) from None
 
     async def _cancel(self, call_id: str, reason: str) -> None:
         try:

@@ -19,7 +19,7 @@ import nats
 import pytest
 
 from runtime.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject, fetch_subject
-from runtime.client import MeshClient, tool_result
+from runtime.client import CallError, MeshClient, tool_result
 from tests.faults.security_support import ConfiguredServer, node_config
 from tests.support.mesh import NodeProcess, make_module
 
@@ -161,3 +161,15 @@ async def test_a_result_larger_than_a_message_reaches_its_caller_only(stack: Sta
     await caller.close()
     await alice.close()
     await bob.close()
+
+
+async def test_arguments_larger_than_a_message_from_another_account_are_a_clear_413(stack: Stack) -> None:
+    alice = await as_user(stack, "alice")  # account A has no JetStream: it cannot hand arguments over
+    caller = MeshClient(alice)
+    with pytest.raises(CallError) as e:
+        await caller.call("mesh.tool.calls.mirror", {"blob": "z" * (2 * 1024 * 1024)}, timeout_s=10)
+    assert e.value.code == 413 and "JetStream" in e.value.message and "mesh-calls" in e.value.message
+    # The connection serves on.
+    assert tool_result(await caller.call("mesh.tool.calls.echo", {"after": 1}))["structuredContent"] == {"after": 1}
+    await caller.close()
+    await alice.close()
