@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from manifests import load_module
+from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, check_cancel, check_progress, serving
 from tests.support.stdio_client import StdioClient
 from toolchains.base import BuildContext, BuildFailed, BuildOutput
@@ -270,6 +271,12 @@ def contract(tmp_path: Path) -> Iterator[Wire]:
 class TestCallContract(CallContractTests):
     """Caller (caller(ctx)), cancellation (the task is cancelled; cancelled() is true) and progress,
     as tests/support/call_contract.py checks them for every SDK."""
+
+
+async def test_progress_and_cancel_over_the_bus_through_a_node(node_factory, tmp_path: Path) -> None:
+    """docs/bus.md end to end: bus progress from progress(ctx, ...), a bus cancel cancels the tool's task."""
+    entry = ["python", str(CONTRACT_SERVER)]  # the node's interpreter, which has the SDK installed
+    await check_progress_and_cancel_over_the_bus(node_factory, tmp_path / "mods", entry, tmp_path / "marker")
 
 
 def test_a_plain_def_tool_sees_the_cancel_by_polling(contract: Wire, tmp_path: Path) -> None:
