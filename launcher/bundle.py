@@ -464,7 +464,10 @@ class BundleRunner:
             self._reaper.unregister(child.pid)
             # Grandchildren that left the group (setsid) still carry the run's marker.
             also = (f"MESH_MODULE={self.spec.module}", f"MESH_BUNDLE={self.spec.name}")
-            kill_marked(self._reaper.marker, also)
+            # And this version's folder: during an upgrade in place the new version's child carries
+            # the same module and bundle, and must not be killed with the old one's leftovers.
+            folder = self.spec.child.env.get("MESH_BUNDLE_DIR")
+            kill_marked(self._reaper.marker, (*also, f"MESH_BUNDLE_DIR={folder}") if folder else also)
         if not self._stopping and not self._restart_requested:
             log.warning("bundle %s: child %d ended: %s", self.key, child.pid, self.last_exit)
 

@@ -64,6 +64,7 @@ class Reaper:
             stdout=asyncio.subprocess.DEVNULL,
             # Its own session: a signal to the runtime's group (Ctrl-C) must not end it first.
             start_new_session=True,
+            env={},  # -I -S: it needs nothing, and a same-user child must not find the node's secrets here
         )
 
     def _send(self, line: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .load import LoadedModule, ManifestError, Problem, load_module
+from .load import LoadedModule, ManifestError, Problem, load_module, load_module_bytes
 
 # Repositories of the runtime's own image; an image built on one of them wraps own code in it.
 RUNTIME_IMAGES: tuple[str, ...] = ("mesh-node", "mesh/node", "mesh-runtime", "mesh/tool-runtime")
@@ -95,3 +95,18 @@ def check_path(path: Path | str, runtime_images: tuple[str, ...] = RUNTIME_IMAGE
     except ManifestError as e:
         return e.problems
     return check_loaded(loaded, runtime_images)
+
+
+def check_text(text: str, label: str, root: Path) -> list[Problem]:
+    """The same for a manifest that travels as text (an artifact's bundle.json), as if at `root`."""
+    try:
+        loaded = load_module_bytes(text.encode(), Path(root) / "module.toml", label)
+    except ManifestError as e:
+        return e.problems
+    return check_loaded(loaded)
+
+
+def refuse_own_image(loaded: LoadedModule) -> None:
+    """Raise ManifestError when the module breaks record 0188: where code enters, not only in CI."""
+    if problems := check_loaded(loaded):
+        raise ManifestError(problems)

@@ -17,6 +17,7 @@ from .model import (
     LANGUAGES,
     NAME_RE,
     SEAT_NAME_RE,
+    VERSION_RE,
     Artifact,
     BundleManifest,
     Module,
@@ -24,7 +25,34 @@ from .model import (
 )
 
 MANIFEST_NAME = "module.toml"
-VERSION_CHARS = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-+_")
+NAME_RULE = '[a-z][a-z0-9-]{0,62}, e.g. "hello"'
+VERSION_RULE = (
+    'write a version string such as "0.1.0" (letters, digits, . + _ -, at most 128, not starting with . or -)'
+)
+
+
+def name_problem(value: Any, pattern: re.Pattern[str] = NAME_RE, right: str = NAME_RULE) -> str | None:
+    """Why `value` is not a name by the manifest's rule, or None; also used for names from the bus."""
+    if value is None:
+        return f"is missing; write a name matching {right}"
+    if not isinstance(value, str) or not pattern.match(value):
+        return f"is {shown(value)}; a name matches {right}"
+    return None
+
+
+def version_problem(value: Any) -> str | None:
+    """Why `value` is not a version by the manifest's rule, or None."""
+    if not isinstance(value, str) or not VERSION_RE.match(value):
+        return f"is {shown(value)}; {VERSION_RULE}"
+    return None
+
+
+def shown(value: Any) -> str:
+    """A value as a problem shows it: repr'd (no control characters reach a log), at most 60 characters."""
+    if value is None:
+        return "missing"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -63,30 +91,36 @@ def manifest_path(path: Path) -> Path:
 def load_module(path: Path | str) -> LoadedModule:
     """Read, validate and convert one manifest; raise ManifestError listing every problem."""
     file = manifest_path(Path(path))
-    shown = str(file)
     try:
         raw = file.read_bytes()
     except FileNotFoundError:
-        raise ManifestError([Problem(shown, "-", f"no such file; a module folder holds a {MANIFEST_NAME}")]) from None
+        raise ManifestError(
+            [Problem(str(file), "-", f"no such file; a module folder holds a {MANIFEST_NAME}")]
+        ) from None
     except OSError as e:
-        raise ManifestError([Problem(shown, "-", f"cannot be read: {e.strerror}")]) from None
+        raise ManifestError([Problem(str(file), "-", f"cannot be read: {e.strerror}")]) from None
+    return load_module_bytes(raw, file, str(file))
+
+
+def load_module_bytes(raw: bytes, file: Path, label: str) -> LoadedModule:
+    """A manifest's text, as if read from `file` (its folder is the module's), named `label` in problems."""
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ManifestError([Problem(shown, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")]) from None
+        raise ManifestError([Problem(label, "-", "is not UTF-8 text; write the manifest as UTF-8 TOML")]) from None
     except tomllib.TOMLDecodeError as e:
-        raise ManifestError([Problem(shown, "-", f"is not valid TOML: {e}")]) from None
+        raise ManifestError([Problem(label, "-", f"is not valid TOML: {e}")]) from None
     except RecursionError:  # tomllib recurses per nested array or table; a manifest never nests this deep
         raise ManifestError(
-            [Problem(shown, "-", "nests arrays or tables too deeply to read; write a flat manifest")]
+            [Problem(label, "-", "nests arrays or tables too deeply to read; write a flat manifest")]
         ) from None
-    problems = _Validator(shown, file.parent.resolve()).module(data)
+    problems = _Validator(label, file.parent.resolve()).module(data)
     if problems:
         raise ManifestError(problems)
     try:
         module = msgspec.convert(data, Module)
     except msgspec.ValidationError as e:  # the validator should have caught it; keep the promise anyway
-        raise ManifestError([Problem(shown, "-", str(e))]) from None
+        raise ManifestError([Problem(label, "-", str(e))]) from None
     return LoadedModule(module=module, path=file, root=file.parent.resolve())
 
 
@@ -114,10 +148,9 @@ class _Validator:
         for key in data:
             if key not in known:
                 self.add(_key(key), f"unknown field; a module has {', '.join(sorted(known))}")
-        self.name("name", data.get("name"), NAME_RE, '[a-z][a-z0-9-]{0,62}, e.g. "hello"')
-        version = data.get("version")
-        if not isinstance(version, str) or not version or not set(version) <= VERSION_CHARS:
-            self.add("version", f'is {_shown(version)}; write a version string such as "0.1.0"')
+        self.name("name", data.get("name"), NAME_RE, NAME_RULE)
+        if why := version_problem(data.get("version")):
+            self.add("version", why)
         bundles = self.table_list(data, "bundle")
         seen: set[str] = set()
         for i, b in enumerate(bundles):
@@ -162,12 +195,9 @@ class _Validator:
             if key not in known:
                 self.add(f"{where}.{_key(key)}", f"unknown field; allowed: {', '.join(sorted(known))}")
 
-    def name(self, field: str, value: Any, pattern: Any, right: str) -> bool:
-        if value is None:
-            self.add(field, f"is missing; write a name matching {right}")
-            return False
-        if not isinstance(value, str) or not pattern.match(value):
-            self.add(field, f"is {_shown(value)}; a name matches {right}")
+    def name(self, field: str, value: Any, pattern: re.Pattern[str], right: str) -> bool:
+        if why := name_problem(value, pattern, right):
+            self.add(field, why)
             return False
         return True
 
@@ -263,8 +293,4 @@ def _key(key: str) -> str:
     return key if _BARE_KEY.fullmatch(key) else json.dumps(key)
 
 
-def _shown(value: Any) -> str:
-    if value is None:
-        return "missing"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+_shown = shown

@@ -16,6 +16,9 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
 # Tool names as MCP allows them; a `<seat>.<verb>` name has exactly one dot.
 SEAT_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+# A version is a folder name on every node that runs it: it starts with a letter or digit (never
+# "." or ".."), and is short enough for any file system.
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,127}\Z")
 
 Kind = Literal["tools", "service", "step"]
 Language = Literal["python", "typescript", "go", "rust", "c"]

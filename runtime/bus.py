@@ -16,8 +16,10 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import nats
@@ -39,6 +41,33 @@ class BusInfo(msgspec.Struct):
 
 class BusError(Exception):
     pass
+
+
+def _each_url(urls: str, netloc: Any) -> str:
+    out = []
+    for url in urls.split(","):
+        try:
+            parts = urlsplit(url.strip())
+        except ValueError:  # not a URL at all: show nothing of it that could be a secret
+            out.append("<not a URL>")
+            continue
+        if "@" not in parts.netloc:
+            out.append(url.strip())
+            continue
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        out.append(urlunsplit(parts._replace(netloc=netloc(userinfo, host))))
+    return ",".join(out)
+
+
+def redact(urls: str | None) -> str:
+    """Bus URL(s) as logs, status and the banner show them: `nats://user:***@host`, `nats://***@host`
+    (a token); a password or token in a URL is never shown."""
+    return _each_url(urls or "", lambda u, h: (u.split(":", 1)[0] + ":***@" if ":" in u else "***@") + h)
+
+
+def without_credentials(urls: str | None) -> str:
+    """Bus URL(s) with no user, password or token: what bus.json keeps for meshctl."""
+    return _each_url(urls or "", lambda u, h: h)
 
 
 def nats_server_binary() -> str:
@@ -108,6 +137,7 @@ class EmbeddedServer:
             # Its own session: Ctrl-C (or any signal to the node's process group) reaches the
             # node, which drains its calls on the bus and then stops the server itself.
             start_new_session=True,
+            env={},  # none of the node's secrets: a same-user child could read them in /proc
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
@@ -192,10 +222,31 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     Credentials or a certificate the server refuses end the first attempt at once: no retry can
     fix them, and nats-py would retry them for ever (a TLS verify failure even past
     max_reconnect_attempts). A one-shot client (`quiet`: meshctl) also stops waiting after 15 s.
+    A node (not `quiet`) waits for ever: the bus being out of reach is one ERROR naming it, and
+    one line again when it answers, however many tries it takes in between.
     """
     connecting = True
     refused: list[str] = []
     last: list[BaseException] = []
+    shown = redact(cfg.url)
+    unreachable_since: list[float] = []
+
+    def out_of_reach(e: BaseException) -> None:
+        if quiet or unreachable_since:
+            return
+        unreachable_since.append(time.monotonic())
+        log.error(
+            "the bus at %s is out of reach (%s: %s); the children run, calls wait for it; trying again every %.1f s",
+            shown,
+            type(e).__name__,
+            e,
+            connect_options(cfg, name)["reconnect_time_wait"],
+        )
+
+    def back() -> None:
+        if unreachable_since:
+            log.warning("the bus at %s is reachable again after %.0f s", shown, time.monotonic() - unreachable_since[0])
+            unreachable_since.clear()
 
     async def disconnected() -> None:
         if not quiet and not nc.is_closed:
@@ -204,7 +255,9 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     async def reconnected() -> None:
         cap_socket_reads(nc)
         if not quiet:
-            log.warning("reconnected to the bus at %s", nc.connected_url.netloc if nc.connected_url else "?")
+            url = nc.connected_url
+            log.warning("reconnected to the bus at %s", redact(url.geturl()) if url else "?")
+            back()
 
     async def error(e: Exception) -> None:
         last[:] = [e]
@@ -213,7 +266,9 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
             refused.append(why)
             attempt.cancel()
             return
-        if not quiet:
+        if isinstance(e, (OSError, asyncio.TimeoutError, nats.errors.NoServersError)):
+            out_of_reach(e)  # once per outage: a try every half second is not news
+        elif not quiet:
             log.warning("bus: %s", e)
 
     nc = Client()
@@ -234,23 +289,28 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
         except Exception:  # a client that never connected has little to close
             pass
         if refused:
-            raise BusError(f"cannot connect to NATS at {cfg.url}: {refused[0]}") from None
+            raise BusError(f"cannot connect to NATS at {shown}: {refused[0]}") from None
         if isinstance(e, asyncio.CancelledError):
             raise
         # NoServersError says only that the tries ran out; the last error says why.
         cause = last[0] if last else e
-        raise BusError(f"cannot connect to NATS at {cfg.url}: {type(cause).__name__}: {cause}") from None
+        raise BusError(f"cannot connect to NATS at {shown}: {type(cause).__name__}: {cause}") from None
     finally:
         connecting = False
     cap_socket_reads(nc)
+    back()
     return nc
 
 
 def write_bus_info(state_dir: Path, info: BusInfo) -> Path:
+    """bus.json, readable by the node's user only (0600), with a URL that carries no credentials."""
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / BUS_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.encode(info))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # a .tmp left by an older node may have another mode
+        f.write(msgspec.json.encode(msgspec.structs.replace(info, url=without_credentials(info.url))))
     os.replace(tmp, path)
     return path
 
@@ -269,4 +329,14 @@ def read_bus_info(state_dir: Path) -> BusInfo | None:
     return info
 
 
-__all__ = ["BusInfo", "BusError", "EmbeddedServer", "connect", "read_bus_info", "write_bus_info", "nats"]
+__all__ = [
+    "BusInfo",
+    "BusError",
+    "EmbeddedServer",
+    "connect",
+    "read_bus_info",
+    "redact",
+    "without_credentials",
+    "write_bus_info",
+    "nats",
+]

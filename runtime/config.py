@@ -18,12 +18,19 @@ window_s = 60
 
 [health]
 ping_interval_s = 5
+
+[delivery]                          # what the node takes from one delivered artifact
+max_artifact_bytes = 1073741824
+max_unpacked_bytes = 4294967296
+max_ratio = 200
+max_members = 200000
 ```
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -31,6 +38,8 @@ from pathlib import Path
 import msgspec
 
 from launcher.bundle import HealthPolicy, RestartPolicy
+from manifests.load import name_problem
+from toolchains.artifact import ArtifactLimits
 
 from .calls import CallSettings
 
@@ -65,6 +74,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     restart: RestartPolicy = msgspec.field(default_factory=RestartPolicy)
     health: HealthPolicy = msgspec.field(default_factory=HealthPolicy)
     calls: CallSettings = msgspec.field(default_factory=CallSettings)  # the bus call protocol (docs/bus.md)
+    delivery: ArtifactLimits = msgspec.field(default_factory=ArtifactLimits)
 
 
 class ConfigError(Exception):
@@ -101,8 +111,25 @@ def load_config(path: str | Path | None) -> NodeConfig:
     return config
 
 
+def node_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a node, or None: a node's name is in subjects and KV keys, so it
+    follows the manifest's name rule (no `*`, `>`, `.` or space)."""
+    why = name_problem(name)
+    return f"the node name {why}" if why else None
+
+
+def node_name_from_host(host: str) -> str:
+    """The host's name made a node name: its first label, lower case, other characters as `-`."""
+    name = re.sub(r"[^a-z0-9-]", "-", host.split(".")[0].lower())[:62].strip("-")
+    if not name:
+        return "node"
+    return name if name[0].isalpha() else "n" + name
+
+
 def finish(config: NodeConfig) -> NodeConfig:
-    """Fill what was left open: the node's name and its state folder."""
-    name = config.name or socket.gethostname().split(".")[0].lower() or "node"
+    """Fill what was left open: the node's name and its state folder; refuse a name that is not one."""
+    name = config.name or node_name_from_host(socket.gethostname())
+    if why := node_name_problem(name):
+        raise ConfigError(why)
     state = config.state_dir or str(default_state_dir())
     return msgspec.structs.replace(config, name=name, state_dir=str(Path(state).absolute()))

@@ -9,10 +9,11 @@ others. A redelivered identical version changes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import os
+import uuid
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import IO, Awaitable, Callable
 
 import anyio
 import msgspec
@@ -20,7 +21,10 @@ from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from manifests import LoadedModule, ManifestError, load_module
-from toolchains.artifact import ArtifactError, read_meta, verify_and_unpack
+from manifests.check import refuse_own_image
+from manifests.load import name_problem, shown, version_problem
+from manifests.model import KINDS, LANGUAGES, SEAT_NAME_RE
+from toolchains.artifact import ArtifactError, ArtifactLimits, is_sha256, read_meta, sha256_file, verify_and_unpack
 
 from .placement import Placement
 
@@ -55,6 +59,47 @@ def node_key(node: str) -> str:
     return f"node.{node}"
 
 
+def object_name(module: str, bundle: str, version: str, sha256: str) -> str:
+    """Where `meshctl bundle deliver` puts an artifact in the object store, and the only name a node fetches."""
+    return f"{module}/{bundle}/{version}/{sha256[:16]}.tar.gz"
+
+
+def ref_problems(module: str, ref: ModuleRef) -> list[str]:
+    """Every field of one membership entry that breaks the manifest's rules; none may be used then.
+
+    The fields come from the bus: each becomes part of a path, a subject or a log line only after
+    this says it is a name, a version or a hash."""
+    problems: list[str] = []
+    if why := name_problem(module):
+        return [f"module {why}"]  # the rest would be named under a name that is not one
+    if why := version_problem(ref.version):
+        problems.append(f"version {why}")
+    if not ref.bundles:
+        problems.append("bundles is empty; a delivered module names at least one artifact")
+    for bundle, art in sorted(ref.bundles.items()):
+        if why := name_problem(bundle, right='[a-z][a-z0-9-]{0,62}, e.g. "tools"'):
+            problems.append(f"bundle key {why}")
+            continue
+        if not is_sha256(art.sha256):
+            problems.append(f"bundles.{bundle}.sha256 is {shown(art.sha256)}; a sha256 is 64 lowercase hex digits")
+        elif not problems and art.object != object_name(module, bundle, ref.version, art.sha256):
+            expected = object_name(module, bundle, ref.version, art.sha256)
+            problems.append(f"bundles.{bundle}.object is {shown(art.object)}; deliver names it {expected!r}")
+        if art.language not in LANGUAGES:
+            problems.append(f"bundles.{bundle}.language is {shown(art.language)}; one of {', '.join(LANGUAGES)}")
+        if art.kind not in KINDS:
+            problems.append(f"bundles.{bundle}.kind is {shown(art.kind)}; one of {', '.join(KINDS)}")
+    for seat in ref.seats:
+        if why := name_problem(seat, SEAT_NAME_RE, '[a-z][a-z0-9-]{0,62}, e.g. "memory"'):
+            problems.append(f"seat {why}")
+    return problems
+
+
+def module_label(module: str) -> str:
+    """A module's name as logs and status show it: itself when it is a name, else shortened and quoted."""
+    return module if name_problem(module) is None else shown(module)
+
+
 async def buckets(nc: Client) -> tuple[object, object]:
     js = nc.jetstream()
     try:
@@ -68,9 +113,26 @@ async def buckets(nc: Client) -> tuple[object, object]:
     return obs, kv
 
 
+class _BoundedFile:
+    """A file the object store's chunks are written into (in a worker thread), up to a limit."""
+
+    def __init__(self, f: IO[bytes], limit: int) -> None:
+        self.f, self.limit, self.written = f, limit, 0
+
+    def write(self, data: bytes) -> int:
+        self.written += len(data)
+        if self.written > self.limit:
+            raise DeliveryError(f"it is over {self.limit} bytes (max_artifact_bytes)")
+        return self.f.write(data)
+
+
 # --- the node's side ---------------------------------------------------------------------------
 class Reconciler:
-    """Watches one node's membership key and brings the node's modules in line with it."""
+    """Watches one node's membership key and brings the node's modules in line with it.
+
+    Every entry is checked (`ref_problems`) before any of it is used, and whatever goes wrong
+    with one module is that module's refusal: an ERROR line once and a status problem, while the
+    version that runs keeps running and the other modules are untouched."""
 
     def __init__(
         self,
@@ -80,10 +142,14 @@ class Reconciler:
         add: Callable[[Placement], Awaitable[None]],
         remove: Callable[[str], Awaitable[None]],
         report: Callable[[str, str | None], None],
+        limits: ArtifactLimits | None = None,
     ) -> None:
         self.nc, self.node, self.state_dir = nc, node, state_dir
         self._add, self._remove, self._report = add, remove, report
+        self.limits = limits or ArtifactLimits()
         self.current: dict[str, ModuleRef] = {}
+        # Versions refused, as they were asked for: the same entry again is not fetched or logged again.
+        self.refused: dict[str, ModuleRef] = {}
 
     async def run(self) -> None:
         """Owned by the node's task group; ends when cancelled."""
@@ -128,29 +194,93 @@ class Reconciler:
     async def reconcile(self, obs: object, wanted: Membership) -> None:
         for name in sorted(set(self.current) - set(wanted.modules)):
             log.info("membership: removing module %s", name)
-            await self._remove(name)
+            try:
+                await self._remove(name)
+            except Exception as e:  # a failed stop is named; the membership no longer holds the module
+                log.error("membership: removing module %s failed: %s: %s", name, type(e).__name__, e)
             del self.current[name]
             self._report(name, None)
+        for name in sorted(set(self.refused) - set(wanted.modules)):
+            del self.refused[name]
+            self._report(module_label(name), None)
         for name, ref in sorted(wanted.modules.items()):
             if self.current.get(name) == ref:
+                if self.refused.pop(name, None) is not None:  # back to the version that runs
+                    self._report(name, None)
                 continue  # redelivered as it is: nothing changes
+            if self.refused.get(name) == ref:
+                continue  # refused already, and named: the same entry is not tried again
             try:
-                placement = await self._fetch(obs, name, ref)
-            except (DeliveryError, ArtifactError, ManifestError) as e:
-                # The version that runs keeps running; the refusal is named.
-                log.error("membership: module %s %s refused: %s", name, ref.version, e)
-                self._report(name, f"{ref.version} refused: {e}")
-                continue
-            if name in self.current:
-                log.info("membership: upgrading module %s %s -> %s", name, self.current[name].version, ref.version)
-                await self._remove(name)
-            else:
-                log.info("membership: adding module %s %s", name, ref.version)
+                await self._apply(obs, name, ref)
+            except Exception as e:  # one module's failure, whatever it is, is that module's refusal
+                self._refuse(name, ref, e)
+
+    def _refuse(self, name: str, ref: ModuleRef, e: Exception) -> None:
+        known = (DeliveryError, ArtifactError, ManifestError)
+        reason = str(e) if isinstance(e, known) else f"{type(e).__name__}: {e}"
+        label = module_label(name)
+        version = ref.version if version_problem(ref.version) is None else shown(ref.version)
+        # The version that runs keeps running; the refusal is named, once.
+        log.error("membership: module %s %s refused: %s", label, version, reason)
+        self.refused[name] = ref
+        self._report(label, f"{version} refused: {reason}")
+
+    async def _apply(self, obs: object, name: str, ref: ModuleRef) -> None:
+        if problems := ref_problems(name, ref):
+            raise DeliveryError("; ".join(problems))
+        placement = await self._fetch(obs, name, ref)
+        upgrade = name in self.current
+        if upgrade:
+            # In place: the new version starts, new calls wait for it, the old one answers what it holds.
+            log.info("membership: upgrading module %s %s -> %s", name, self.current[name].version, ref.version)
+        else:
+            log.info("membership: adding module %s %s", name, ref.version)
+        try:
             await self._add(placement)
-            self.current[name] = ref
-            self._report(name, None)
+        except BaseException:
+            if not upgrade:  # what was started of it goes; an upgrade's old version is left as it is
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self._remove(name)
+                    except Exception as e:  # named; the refusal that follows says why it was added at all
+                        log.error("membership: cleaning up module %s failed: %s", name, e)
+            raise
+        self.current[name] = ref
+        self.refused.pop(name, None)
+        self._report(name, None)
+
+    async def _download(self, obs: object, ref: ArtifactRef, cache: Path) -> None:
+        """The object, streamed into the cache (never whole in memory), hashed in a thread."""
+        try:
+            info = await obs.get_info(ref.object)  # type: ignore[attr-defined]
+        except Exception as e:  # a missing object is a refusal of this version, not a crash
+            raise DeliveryError(f"artifact {ref.object} cannot be fetched: {e}") from e
+        limit = self.limits.max_artifact_bytes
+        if info.is_link():
+            raise DeliveryError(f"artifact {ref.object} is a link in the object store; deliver stores artifacts")
+        if (info.size or 0) > limit:
+            raise DeliveryError(
+                f"artifact {ref.object} is {info.size} bytes; the node takes at most max_artifact_bytes = {limit}"
+            )
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        part = cache.with_name(f".{cache.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            with open(part, "wb") as f:
+                try:
+                    await obs.get(ref.object, writeinto=_BoundedFile(f, limit))  # type: ignore[attr-defined]
+                except DeliveryError as e:
+                    raise DeliveryError(f"artifact {ref.object}: {e}") from None
+                except Exception as e:  # the object went away or its chunks do not match its digest
+                    raise DeliveryError(f"artifact {ref.object} cannot be fetched: {e}") from e
+            digest = await anyio.to_thread.run_sync(sha256_file, part)
+            if digest != ref.sha256:
+                raise DeliveryError(f"artifact {ref.object} does not match its sha256 {ref.sha256[:16]}...")
+            os.replace(part, cache)
+        finally:
+            part.unlink(missing_ok=True)
 
     async def _fetch(self, obs: object, name: str, ref: ModuleRef) -> Placement:
+        """Fetch, verify and unpack a checked entry (`ref_problems` found nothing), then load its manifest."""
         base = self.state_dir / "bundles" / name / ref.version
         dirs: dict[str, Path] = {}
         build_env: dict[str, dict[str, str]] = {}
@@ -158,28 +288,18 @@ class Reconciler:
         for bundle, bref in sorted(ref.bundles.items()):
             cache = self.state_dir / "artifacts" / f"{bref.sha256}.tar.gz"
             if not cache.is_file():
-                try:
-                    result = await obs.get(bref.object)  # type: ignore[attr-defined]
-                except Exception as e:  # a missing object is a refusal of this version, not a crash
-                    raise DeliveryError(f"artifact {bref.object} cannot be fetched: {e}") from e
-                data = result.data or b""
-                if hashlib.sha256(data).hexdigest() != bref.sha256:
-                    raise DeliveryError(f"artifact {bref.object} does not match its sha256 {bref.sha256[:16]}...")
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cache.with_suffix(".part")
-                tmp.write_bytes(data)
-                tmp.rename(cache)
-            dest = base / f"{bundle}-{bref.sha256[:12]}"
-            verified = dest.with_name(dest.name + ".verified")
-            if dest.is_dir() and verified.is_file():
-                meta = read_meta(cache)
-            else:
-                meta = await anyio.to_thread.run_sync(verify_and_unpack, cache, dest)
-                verified.write_text(bref.sha256)
+                await self._download(obs, bref, cache)
+            # bundle.json first: an artifact of another module or version is refused before it is unpacked.
+            meta = await anyio.to_thread.run_sync(read_meta, cache)
             if meta.module != name or meta.bundle != bundle or meta.version != ref.version:
                 raise DeliveryError(
                     f"artifact {bref.object} holds {meta.module}/{meta.bundle} {meta.version}, not {name}/{bundle} {ref.version}"
                 )
+            dest = base / f"{bundle}-{bref.sha256[:12]}"
+            verified = dest.with_name(dest.name + ".verified")
+            if not (dest.is_dir() and verified.is_file()):
+                meta = await anyio.to_thread.run_sync(verify_and_unpack, cache, dest, self.limits)
+                verified.write_text(bref.sha256)
             dirs[bundle] = dest
             build_env[bundle] = dict(meta.env)
             manifest = manifest or meta.manifest
@@ -189,6 +309,7 @@ class Reconciler:
         module_dir.mkdir(parents=True, exist_ok=True)
         (module_dir / "module.toml").write_text(manifest)
         loaded: LoadedModule = load_module(module_dir)
+        refuse_own_image(loaded)
         if loaded.module.name != name:
             raise DeliveryError(f"the manifest delivered as {name} names module {loaded.module.name}")
         for b in loaded.module.tools_bundles():

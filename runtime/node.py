@@ -6,6 +6,7 @@ named in an ERROR line and in status; every other bundle serves.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
@@ -26,9 +27,9 @@ from launcher.process import use_pidfd_child_watcher
 from launcher.reaper import Reaper, kill_marked
 from manifests import BundleManifest
 
-from .bus import BusInfo, EmbeddedServer, connect, write_bus_info
+from .bus import BusError, BusInfo, EmbeddedServer, connect, redact, write_bus_info
 from .calls import CallDesk
-from .config import NodeConfig
+from .config import NatsConfig, NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
 from .placement import Placement, data_dir, runner_spec
@@ -36,6 +37,20 @@ from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
 from .service import Service, collect_infos
 
 log = logging.getLogger("mesh.node")
+
+PR_SET_DUMPABLE = 4
+
+
+def protect_environment() -> bool:
+    """Make this process non-dumpable: its /proc files (environ, mem) become root's, so a child
+    running as the node's own user cannot read the secrets the node was started with. Children
+    are dumpable again after their exec. Running children as another user (`child_user`) adds
+    the rest: they cannot signal, trace or read anything of the node's user."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux: nothing to set
+        return False
 
 
 class SeatStatus(msgspec.Struct):
@@ -85,6 +100,7 @@ class Node:
         self._control: list[Subscription] = []
         self._held_elsewhere: dict[str, str] | None = None  # seat -> node, while the start adds modules
         self._bundles_tg: anyio.abc.TaskGroup | None = None
+        self._prestarted: dict[str, list[BundleRunner]] = {}  # started before the bus answered
         self._stop = anyio.Event()
         self._ready = anyio.Event()
         self._started = time.monotonic()
@@ -97,6 +113,8 @@ class Node:
         await self._ready.wait()
 
     async def run(self, placements: list[Placement] | None = None) -> None:
+        if not protect_environment():
+            log.warning("could not make the node non-dumpable: same-user processes may read its environment")
         use_pidfd_child_watcher()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         embedded: EmbeddedServer | None = None
@@ -112,14 +130,10 @@ class Node:
             )
         else:
             nats_cfg = self.config.nats
-            self.url = self.config.nats.url
+            self.url = redact(self.config.nats.url)  # status, logs and the banner never show credentials
         try:
-            self.nc = await connect(nats_cfg, f"mesh-node:{self.name}")
-            write_bus_info(
-                self.state_dir, BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded is not None)
-            )
             await self.reaper.start()
-            await self._serve(placements or [])
+            await self._serve(nats_cfg, placements or [])
         finally:
             if self.nc is not None and not self.nc.is_closed:
                 try:
@@ -132,7 +146,70 @@ class Node:
                 await embedded.stop()
             log.info("node %s stopped", self.name)
 
-    async def _serve(self, placements: list[Placement]) -> None:
+    async def _connect(self, cfg: NatsConfig) -> Client | None:
+        """The bus, once it answers (retried for ever, named by `connect`); None when a stop comes first."""
+        found: list[Client] = []
+        refused: list[BusError] = []
+        async with anyio.create_task_group() as tg:
+
+            async def attempt() -> None:
+                try:
+                    found.append(await connect(cfg, f"mesh-node:{self.name}"))
+                except BusError as e:  # kept out of the task group: it must reach the CLI as itself
+                    refused.append(e)
+                tg.cancel_scope.cancel()
+
+            async def stopped() -> None:
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(attempt)
+            tg.start_soon(stopped)
+        if refused:
+            raise refused[0]
+        return found[0] if found else None
+
+    async def _serve(self, nats_cfg: NatsConfig, placements: list[Placement]) -> None:
+        refused: list[BusError] = []
+        async with anyio.create_task_group() as bundles_tg:
+            self._bundles_tg = bundles_tg
+            # The children start before the bus is reached: a bus that is down delays calls, not starts.
+            for placement in placements:
+                self._prestart(placement)
+            try:
+                try:
+                    self.nc = await self._connect(nats_cfg)
+                except BusError as e:  # raised past the task group, not inside it (an ExceptionGroup)
+                    refused.append(e)
+                if self.nc is not None:
+                    embedded = not self.config.nats.url
+                    info = BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded)
+                    write_bus_info(self.state_dir, info)  # without credentials, 0600
+                    await self._serve_bus(placements)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    for bundle in [b for m in self.table.modules.values() for b in m.bundles] + [
+                        b for bs in self._prestarted.values() for b in bs
+                    ]:
+                        await bundle.stop()
+        if refused:
+            raise refused[0]
+        if self.nc is not None and self.service is not None:
+            await self.service.stop()
+            if self.desk is not None:
+                await self.desk.stop()
+            for sub in self._control:
+                await sub.unsubscribe()
+
+    def _prestart(self, placement: Placement) -> None:
+        module = placement.loaded.module
+        bundles = [self._runner(placement, spec) for spec in module.tools_bundles()]
+        self._prestarted[module.name] = bundles
+        assert self._bundles_tg is not None
+        for bundle in bundles:
+            self._bundles_tg.start_soon(bundle.run)
+
+    async def _serve_bus(self, placements: list[Placement]) -> None:
         assert self.nc is not None
         self.desk = CallDesk(self.nc, self.config.calls)
         self.dispatcher = Dispatcher(self.nc, self.table, self.name, self.desk)
@@ -143,62 +220,60 @@ class Node:
             endpoints=lambda: list(self.table.routes.values()),
             metadata=self._metadata,
         )
-        async with anyio.create_task_group() as bundles_tg:
-            self._bundles_tg = bundles_tg
-            async with anyio.create_task_group() as watchers_tg:
-                await self.service.start()
-                await self.desk.start(self.config.queue_group)
-                await self._start_control()
-                # Every child starts at once; the seats follow one look at the bus for them all.
-                for placement in placements:
-                    await self.add_module(placement, claim_seats=False)
-                if any(not s.stateless for p in placements for s in p.loaded.module.seat):
-                    self._held_elsewhere = await self._seats_held_elsewhere()
-                for placement in placements:
-                    await self._claim_seats(placement, None)
-                self._held_elsewhere = None  # modules delivered later ask again
-                if self.config.membership:
-                    reconciler = Reconciler(
-                        self.nc, self.name, self.state_dir, self.add_module, self.remove_module, self._delivery_report
-                    )
-                    watchers_tg.start_soon(reconciler.run)
-                log.info(
-                    "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
-                    "`meshctl call tool.<module>.<tool> '{...}'`",
+        async with anyio.create_task_group() as watchers_tg:
+            await self.service.start()
+            await self.desk.start(self.config.queue_group)
+            await self._start_control()
+            # Every child starts at once; the seats follow one look at the bus for them all.
+            for placement in placements:
+                await self.add_module(placement, claim_seats=False)
+            if any(not s.stateless for p in placements for s in p.loaded.module.seat):
+                self._held_elsewhere = await self._seats_held_elsewhere()
+            for placement in placements:
+                await self._claim_seats(placement, None)
+            self._held_elsewhere = None  # modules delivered later ask again
+            if self.config.membership:
+                reconciler = Reconciler(
+                    self.nc,
                     self.name,
-                    self.url,
-                    len(self.table.modules),
-                    sum(len(m.bundles) for m in self.table.modules.values()),
+                    self.state_dir,
+                    self.add_module,
+                    self.remove_module,
+                    self._delivery_report,
+                    limits=self.config.delivery,
                 )
-                self._ready.set()
-                await self._stop.wait()
-                log.info("node %s stopping: no new calls; answering %d in flight", self.name, self.dispatcher.in_flight)
-                await self._drain_subscriptions()
-                with anyio.move_on_after(self.config.drain_timeout_s):
-                    await self.dispatcher.wait_idle()
-                await self.dispatcher.cancel_all()  # what is left is answered 503 "node stopping"
-                watchers_tg.cancel_scope.cancel()
-            for entry in self.table.modules.values():
-                for bundle in entry.bundles:
-                    await bundle.stop()
-        await self.service.stop()
-        await self.desk.stop()
-        for sub in self._control:
-            await sub.unsubscribe()
+                watchers_tg.start_soon(reconciler.run)
+            log.info(
+                "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
+                "`meshctl call tool.<module>.<tool> '{...}'`",
+                self.name,
+                self.url,
+                len(self.table.modules),
+                sum(len(m.bundles) for m in self.table.modules.values()),
+            )
+            self._ready.set()
+            await self._stop.wait()
+            log.info("node %s stopping: no new calls; answering %d in flight", self.name, self.dispatcher.in_flight)
+            await self._drain_subscriptions()
+            with anyio.move_on_after(self.config.drain_timeout_s):
+                await self.dispatcher.wait_idle()
+            await self.dispatcher.cancel_all()  # what is left is answered 503 "node stopping"
+            watchers_tg.cancel_scope.cancel()
 
     # --- modules --------------------------------------------------------------------------
     async def add_module(self, placement: Placement, claim_seats: bool = True) -> None:
         """Serve a module; a module already served is upgraded in place, its calls ridden over."""
         module = placement.loaded.module
         old = self.table.modules.get(module.name)
-        bundles = [self._runner(placement, spec) for spec in module.tools_bundles()]
+        prestarted = self._prestarted.pop(module.name, None)
+        bundles = prestarted or [self._runner(placement, spec) for spec in module.tools_bundles()]
         entry = ModuleEntry(module.name, module.version, bundles)
         if old is not None:
             self._release_seats(old)
         self.table.modules[module.name] = entry
         self.sources[module.name] = str(placement.loaded.root)
         assert self._bundles_tg is not None, "add_module is called while the node serves"
-        for bundle in bundles:
+        for bundle in bundles if prestarted is None else []:
             self._bundles_tg.start_soon(bundle.run)  # children start while the seats are looked at
         if claim_seats:
             await self._claim_seats(placement, old)

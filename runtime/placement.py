@@ -15,6 +15,7 @@ from launcher.env import EntryNotFound, child_env, resolve_argv
 from launcher.process import ChildSpec
 from launcher.reaper import MARKER_VAR
 from manifests import BundleManifest, LoadedModule, ManifestError, find_modules, load_module
+from manifests.check import refuse_own_image
 
 from .config import NodeConfig
 from .source import preparer
@@ -100,6 +101,7 @@ def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:
     for folder in folders:
         try:
             loaded = load_module(folder)
+            refuse_own_image(loaded)  # record 0188: served from source or delivered, never an own image
         except ManifestError as e:
             problems.extend(str(p) for p in e.problems)
             continue

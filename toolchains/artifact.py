@@ -23,7 +23,8 @@ from typing import IO, Callable, Iterator
 
 import msgspec
 
-from manifests.model import ENV_NAME_RE, NAME_RE, Kind, Language
+from manifests.check import RULE as RECORD_0188
+from manifests.model import ENV_NAME_RE, NAME_RE, VERSION_RE, Kind, Language
 
 FORMAT = 1
 META_NAME = "bundle.json"
@@ -31,8 +32,30 @@ META_NAME = "bundle.json"
 INTERPRETERS: frozenset[str] = frozenset({"python", "python3", "node"})
 _MAX_META_BYTES = 16 * 1024 * 1024  # a bundle.json bigger than this is an attack, not a manifest
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]{1,32}$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
 _CHUNK = 1024 * 1024
+MIB = 1024 * 1024
+# bundle.json fields that would make an artifact an image: record 0188 is the reason they are refused.
+IMAGE_FIELDS: frozenset[str] = frozenset({"image", "images", "dockerfile", "container", "oci"})
+
+
+class ArtifactLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a node takes from one artifact (its config's `[delivery]` table).
+
+    A real bundle with vendored dependencies can be hundreds of MB; a thousandfold compression
+    ratio is not a bundle. The ratio counts only past `ratio_floor_bytes` unpacked, so a small
+    bundle of text never meets it."""
+
+    max_artifact_bytes: int = 1024 * MIB  # packed, as fetched
+    max_unpacked_bytes: int = 4096 * MIB
+    max_ratio: int = 200  # unpacked bytes per packed byte
+    ratio_floor_bytes: int = 32 * MIB
+    max_members: int = 200_000  # files and links
+
+
+def is_sha256(value: str) -> bool:
+    """A sha256 as every hash here is written: 64 lowercase hex digits."""
+    return bool(_SHA256_RE.match(value))
 
 
 class ArtifactMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -139,7 +162,7 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
     for field, value in (("module", meta.module), ("bundle", meta.bundle)):
         if not NAME_RE.match(value):
             return f"bundle.json {field} {value!r} is not a name ([a-z][a-z0-9-]{{0,62}})"
-    if not meta.version or "/" in meta.version or meta.version in (".", ".."):
+    if not VERSION_RE.match(meta.version):
         return f'bundle.json version {meta.version!r} is not a version string such as "0.1.0"'
     if not meta.entry or not all(isinstance(a, str) and a for a in meta.entry):
         return "bundle.json entry must be a non-empty list of non-empty strings (argv)"
@@ -307,7 +330,7 @@ def _scan_stage(stage_dir: Path) -> tuple[dict[str, str], dict[str, str], list[s
             elif stat.S_ISREG(st.st_mode):
                 if why := _path_problem(rel) or _reserved(rel):
                     raise PackRefused(stage_dir, f"file {rel!r}: {why}")
-                files[rel] = _sha256_file(Path(entry.path))
+                files[rel] = sha256_file(Path(entry.path))
                 if st.st_mode & 0o111:
                     executable.append(rel)
             else:
@@ -329,7 +352,8 @@ def _kind_of(mode: int) -> str:
     return "special file"
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read a MiB at a time (call it in a thread from async code)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -387,6 +411,8 @@ def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta
         raise ArtifactRefused(
             artifact_path, f"{META_NAME} has format {raw.get('format')!r}; this version reads format {FORMAT}"
         )
+    if image := sorted(IMAGE_FIELDS & set(raw)):
+        raise ArtifactRefused(artifact_path, f"{META_NAME} has the field {', '.join(image)}: {RECORD_0188}")
     try:
         meta = msgspec.convert(raw, ArtifactMeta)
     except msgspec.ValidationError as e:
@@ -396,20 +422,32 @@ def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta
     return meta
 
 
-def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> ArtifactMeta:
+def verify_and_unpack(artifact_path: Path, dest_dir: Path, limits: ArtifactLimits | None = None) -> ArtifactMeta:
     """Check every member against bundle.json and unpack into `dest_dir`, or refuse and touch nothing.
 
     The archive is unpacked into a fresh folder beside `dest_dir` and renamed into place only when
-    all of it is verified; an existing `dest_dir` is replaced then, never before.
+    all of it is verified; an existing `dest_dir` is replaced then, never before. `limits` bound
+    the packed size, the members and the bytes unpacked: each member's size is checked from its
+    header, before a byte of it is written.
     """
     artifact_path, dest_dir = Path(artifact_path), Path(dest_dir)
+    limits = limits or ArtifactLimits()
+    try:
+        packed = artifact_path.stat().st_size
+    except FileNotFoundError:
+        raise ArtifactRefused(artifact_path, "no such file") from None
+    if packed > limits.max_artifact_bytes:
+        raise ArtifactRefused(
+            artifact_path,
+            f"it is {packed} bytes; the node takes at most max_artifact_bytes = {limits.max_artifact_bytes}",
+        )
     dest_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.unpack-", dir=dest_dir.parent))
     try:
         try:
             with _open_stream(artifact_path) as tar:
                 meta = _read_meta_member(artifact_path, tar)
-                _unpack_members(artifact_path, tar, meta, work)
+                _unpack_members(artifact_path, tar, meta, work, _Budget(limits, packed))
         except _CORRUPT as e:
             raise ArtifactRefused(artifact_path, f"it is truncated or corrupt ({e}); build or fetch it again") from None
         os.chmod(work, 0o755)
@@ -420,14 +458,44 @@ def verify_and_unpack(artifact_path: Path, dest_dir: Path) -> ArtifactMeta:
     return meta
 
 
-def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: ArtifactMeta, work: Path) -> None:
+class _Budget:
+    """What one artifact may still unpack: members and bytes, counted from the members' headers."""
+
+    def __init__(self, limits: ArtifactLimits, packed: int) -> None:
+        self.limits, self.packed = limits, packed
+        self.members, self.unpacked = 0, 0
+
+    def member_problem(self, size: int) -> str | None:
+        limits = self.limits
+        self.members += 1
+        self.unpacked += size
+        if self.members > limits.max_members:
+            return f"it holds more than max_members = {limits.max_members} files and links"
+        if self.unpacked > limits.max_unpacked_bytes:
+            return f"it unpacks to more than max_unpacked_bytes = {limits.max_unpacked_bytes} bytes"
+        if self.unpacked > limits.ratio_floor_bytes and self.unpacked > limits.max_ratio * self.packed:
+            return (
+                f"it unpacks to at least {self.unpacked} bytes from {self.packed} packed, over max_ratio = "
+                f"{limits.max_ratio} times its size: a compression bomb, not a bundle"
+            )
+        return None
+
+
+def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: ArtifactMeta, work: Path, budget: _Budget) -> None:
     def refuse(reason: str) -> ArtifactRefused:
         return ArtifactRefused(artifact_path, reason)
 
+    listed = len(meta.files) + len(meta.links)
+    if listed > budget.limits.max_members:
+        raise refuse(
+            f"{META_NAME} lists {listed} files and links; the node takes at most max_members = {budget.limits.max_members}"
+        )
     seen: set[str] = set()
     executable = set(meta.exec)
     # tar.next(), not `for member in tar`: iteration would start over with bundle.json, already read.
     while (member := tar.next()) is not None:
+        if why := budget.member_problem(max(member.size, 0)):
+            raise refuse(why)
         name = member.name
         if why := _path_problem(name):
             raise refuse(f"member {name!r}: {why}")

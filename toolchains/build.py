@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from manifests import BundleManifest, LoadedModule, load_module
+from manifests.check import refuse_own_image
 
 from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
 from .base import BuildContext, BuildOutput, Toolchain
@@ -90,6 +91,7 @@ def build_module(
 ) -> list[Path]:
     """Build and pack every bundle of the module in `module_dir`; return the artifacts' paths."""
     loaded = load_module(Path(module_dir))
+    refuse_own_image(loaded)  # record 0188: a module's own code is never built into an image
     out_dir = Path(out_dir)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     repo_root = find_repo_root(loaded.root)

@@ -25,7 +25,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from manifests import ManifestError
 from manifests.check import RUNTIME_IMAGES, check_path
 from runtime.bus import BusError, connect
-from runtime.config import NatsConfig, finish
+from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_name_problem
 from runtime.delivery import DeliveryError
 from runtime.meshctl.call import run_call
 from runtime.meshctl.deliver import deliver, remove
@@ -75,8 +75,22 @@ async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -
 
 
 # --- node run -------------------------------------------------------------------------
+def _finished(config: NodeConfig) -> NodeConfig:
+    try:
+        return finish(config)
+    except ConfigError as e:
+        raise CliError(f"{e}; name the node with --name (or `name` in --config)") from None
+
+
+def _checked_node(name: str) -> str:
+    """A node name given to a verb: it becomes part of subjects and KV keys, so it must be a name."""
+    if why := node_name_problem(name):
+        raise CliError(why)
+    return name
+
+
 def cmd_node_run(args: argparse.Namespace) -> int:
-    config = finish(node_config(args))
+    config = _finished(node_config(args))
     _setup_logging(args.log_level)
     node = Node(config)
     placements: list[Placement] = []
@@ -134,7 +148,7 @@ def _node_name(args: argparse.Namespace, found: str | None) -> str:
     name = args.name or found
     if not name:
         raise CliError("which node? name it with --name NODE (the bus was given with --nats)")
-    return name
+    return _checked_node(name)
 
 
 def cmd_node_status(args: argparse.Namespace) -> int:
@@ -212,7 +226,7 @@ def cmd_node_units(args: argparse.Namespace) -> int:
     if not config.manifests:
         raise CliError("which modules? name their folder with --manifests DIR (or `manifests` in --config)", code=1)
     state = config.state_dir or SYSTEM_STATE_DIR
-    node = finish(config).name  # the host name when none is given, as `node run` would pick
+    node = _finished(config).name  # the host name when none is given, as `node run` would pick
     placements, problems = load_placements(Path(config.manifests))
     for problem in problems:
         print(f"meshctl: module not loaded: {problem}", file=sys.stderr)
@@ -304,7 +318,7 @@ def _member_node(args: argparse.Namespace) -> tuple[NatsConfig, str]:
     node = args.node or found
     if not node:
         raise CliError("which node? name it with --node NAME")
-    return cfg, node
+    return cfg, _checked_node(node)
 
 
 def cmd_bundle_deliver(args: argparse.Namespace) -> int:

@@ -5,25 +5,19 @@ The wire (bucket names, `Membership`) and the node's side are in runtime/deliver
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from pathlib import Path
 from typing import Callable
 
+import anyio
 import msgspec
 from nats.aio.client import Client
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from runtime.delivery import ArtifactRef, DeliveryError, Membership, ModuleRef, buckets, node_key
-from toolchains.artifact import ArtifactError, ArtifactMeta, read_meta
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from manifests import ManifestError
+from manifests.check import check_text
+from runtime.delivery import ArtifactRef, DeliveryError, Membership, ModuleRef, buckets, node_key, object_name
+from toolchains.artifact import ArtifactError, ArtifactMeta, read_meta, sha256_file
 
 
 async def _change_membership(kv: object, node: str, change: Callable[[Membership], None]) -> Membership:
@@ -63,13 +57,17 @@ async def deliver(
             meta = read_meta(path)
         except ArtifactError as e:
             raise DeliveryError(str(e)) from e
-        digest = _sha256(path)
-        name = f"{meta.module}/{meta.bundle}/{meta.version}/{digest[:16]}.tar.gz"
+        # Record 0188 where code enters the mesh: the manifest the artifact carries is checked here too.
+        if problems := check_text(meta.manifest, f"{path}: module.toml", path.parent.resolve()):
+            raise ManifestError(problems)
+        digest = await anyio.to_thread.run_sync(sha256_file, path)
+        name = object_name(meta.module, meta.bundle, meta.version, digest)
         try:
             await obs.get_info(name)  # type: ignore[attr-defined]
             progress(f"{path.name}: already in the object store")
         except (NotFoundError, KeyNotFoundError):
-            await obs.put(name, path.read_bytes())  # type: ignore[attr-defined]
+            with open(path, "rb") as f:  # streamed in chunks, never whole in memory
+                await obs.put(name, f)  # type: ignore[attr-defined]
             progress(f"{path.name}: uploaded ({path.stat().st_size} bytes)")
         first, refs = modules.setdefault(meta.module, (meta, {}))
         if first.version != meta.version:

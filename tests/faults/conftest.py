@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -100,6 +102,17 @@ class Server:
 
     def client_names(self) -> list[str]:
         return [c.get("name", "") for c in self.monitor("connz?limit=1024").get("connections", [])]
+
+
+@pytest.fixture
+def world_readable_dir() -> Iterator[Path]:
+    """pytest's tmp_path is 0700 (root's): a process run as nobody could not reach into it."""
+    path = Path(tempfile.mkdtemp(prefix="mesh-faults-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

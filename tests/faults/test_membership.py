@@ -67,18 +67,21 @@ async def test_hostile_membership_entries_are_each_one_modules_refusal_and_the_n
     bad = await upload(nc, write_artifact(tmp_path / "out" / "bad.tar.gz", "bad", "1.0.0"))
     long = "m" * 300
     cases: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
-        "a 300-character module name": ({long: module_ref("1.0.0", {"tools": bad})}, ("mmmm", "module")),
-        "a seat with a space": ({"bad": module_ref("1.0.0", {"tools": bad}, seats=["a b"])}, ("bad", "seat")),
-        "a seat that is a wildcard": ({"bad": module_ref("1.0.0", {"tools": bad}, seats=[">"])}, ("bad", "seat")),
-        "a 300-character version": ({"bad": module_ref("1" * 300, {"tools": bad})}, ("bad", "version")),
-        "a bundle key with a space": ({"bad": module_ref("1.0.0", {"a b": bad})}, ("bad", "bundle")),
+        "a 300-character module name": ({long: module_ref("1.0.0", {"tools": bad})}, ("mmmm", "module is")),
+        "a seat with a space": ({"bad": module_ref("1.0.0", {"tools": bad}, seats=["a b"])}, ("bad", "seat is 'a b'")),
+        "a seat that is a wildcard": (
+            {"bad": module_ref("1.0.0", {"tools": bad}, seats=[">"])},
+            ("bad", "seat is '>'"),
+        ),
+        "a 300-character version": ({"bad": module_ref("1" * 300, {"tools": bad})}, ("bad", "version is '111")),
+        "a bundle key with a space": ({"bad": module_ref("1.0.0", {"a b": bad})}, ("bad", "bundle key is 'a b'")),
         "an object name of 300 characters": (
             {"bad": module_ref("1.0.0", {"tools": {**bad, "object": "o" * 300}})},
-            ("bad", "object"),
+            ("bad", "object is 'ooo"),
         ),
         "a language no toolchain has": (
             {"bad": module_ref("1.0.0", {"tools": {**bad, "language": "cobol"}})},
-            ("bad", "language"),
+            ("bad", "language is 'cobol'"),
         ),
     }
     for what, (modules, words) in cases.items():
@@ -109,10 +112,10 @@ async def test_membership_fields_never_lead_a_path_out_of_the_state_folder(
     outside = write_artifact(tmp_path / "planted" / "p.tar.gz", "esc", "1.0.0")
     planted = {**esc, "sha256": str(outside)[: -len(".tar.gz")]}
     cases: dict[str, tuple[dict[str, Any], str]] = {
-        "module": ({"../../esc1": module_ref("1.0.0", {"tools": esc})}, "module"),
-        "version": ({"esc": module_ref("../../../esc2", {"tools": esc})}, "version"),
-        "bundle key": ({"esc": module_ref("1.0.0", {"../../../../esc3": esc})}, "bundle"),
-        "sha256": ({"esc": module_ref("1.0.0", {"tools": planted})}, "sha256"),
+        "module": ({"../../esc1": module_ref("1.0.0", {"tools": esc})}, "'../../esc1'"),
+        "version": ({"esc": module_ref("../../../esc2", {"tools": esc})}, "'../../../esc2'"),
+        "bundle key": ({"esc": module_ref("1.0.0", {"../../../../esc3": esc})}, "'../../../../esc3'"),
+        "sha256": ({"esc": module_ref("1.0.0", {"tools": planted})}, "sha256 is"),
     }
     before = set(os.listdir(tmp_path))
     for what, (modules, word) in cases.items():

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import nats
 import pytest
@@ -351,17 +349,6 @@ async def test_secrets_never_reach_a_child(tmp_path: Path, stack: Stack, case: s
 
 # --- 8. children as another user ---------------------------------------------------------------
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-@pytest.fixture
-def world_readable_dir() -> Iterator[Path]:
-    """pytest's tmp_path is 0700 (root's): a child run as nobody could not reach its bundle there."""
-    path = Path(tempfile.mkdtemp(prefix="mesh-security-", dir="/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def runs_as(user: str, argv: list[str]) -> bool:
