@@ -51,6 +51,24 @@ class Membership(msgspec.Struct):
     modules: dict[str, ModuleRef] = {}
 
 
+class _RawMembership(msgspec.Struct):
+    modules: dict[str, msgspec.Raw] = {}
+
+
+def decode_membership(value: bytes) -> tuple[Membership, dict[str, bytes]]:
+    """The entries that decode, and the raw bytes of each that does not: one malformed entry is
+    that module's refusal, not the whole membership's. Raises msgspec errors when the value
+    itself is not a membership."""
+    raw = msgspec.json.decode(value, type=_RawMembership)
+    wanted, broken = Membership(), dict[str, bytes]()
+    for name, entry in raw.modules.items():
+        try:
+            wanted.modules[name] = msgspec.json.decode(entry, type=ModuleRef)
+        except msgspec.ValidationError:
+            broken[name] = bytes(entry)
+    return wanted, broken
+
+
 class DeliveryError(Exception):
     pass
 
@@ -149,7 +167,7 @@ class Reconciler:
         self.limits = limits or ArtifactLimits()
         self.current: dict[str, ModuleRef] = {}
         # Versions refused, as they were asked for: the same entry again is not fetched or logged again.
-        self.refused: dict[str, ModuleRef] = {}
+        self.refused: dict[str, ModuleRef | bytes] = {}
 
     async def run(self) -> None:
         """Owned by the node's task group; ends when cancelled."""
@@ -175,15 +193,14 @@ class Reconciler:
             async for entry in watcher:
                 if entry is None:  # the initial marker: nothing (more) stored yet
                     continue
-                if entry.operation in ("DEL", "PURGE") or not entry.value:
-                    wanted = Membership()
-                else:
+                wanted, broken = Membership(), dict[str, bytes]()
+                if entry.operation not in ("DEL", "PURGE") and entry.value:
                     try:
-                        wanted = msgspec.json.decode(entry.value, type=Membership)
+                        wanted, broken = decode_membership(entry.value)
                     except (msgspec.DecodeError, msgspec.ValidationError) as e:
                         log.error("membership of node %s is not valid (%s); keeping what runs", self.node, e)
                         continue
-                await self.reconcile(obs, wanted)
+                await self.reconcile(obs, wanted, broken)
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -191,8 +208,10 @@ class Reconciler:
                 except Exception:  # the connection may be gone already
                     pass
 
-    async def reconcile(self, obs: object, wanted: Membership) -> None:
-        for name in sorted(set(self.current) - set(wanted.modules)):
+    async def reconcile(self, obs: object, wanted: Membership, broken: dict[str, bytes] | None = None) -> None:
+        """Bring the node in line with `wanted`; `broken`: entries that did not decode (kept running, refused)."""
+        broken = broken or {}
+        for name in sorted(set(self.current) - set(wanted.modules) - set(broken)):
             log.info("membership: removing module %s", name)
             try:
                 await self._remove(name)
@@ -200,9 +219,13 @@ class Reconciler:
                 log.error("membership: removing module %s failed: %s: %s", name, type(e).__name__, e)
             del self.current[name]
             self._report(name, None)
-        for name in sorted(set(self.refused) - set(wanted.modules)):
+        for name in sorted(set(self.refused) - set(wanted.modules) - set(broken)):
             del self.refused[name]
             self._report(module_label(name), None)
+        for name, raw in sorted(broken.items()):
+            if self.refused.get(name) != raw:
+                why = "it is not a membership entry (version, seats, bundles of object, sha256, language, kind)"
+                self._refuse(name, raw, DeliveryError(f"{why}: {shown(raw.decode(errors='replace'))}"))
         for name, ref in sorted(wanted.modules.items()):
             if self.current.get(name) == ref:
                 if self.refused.pop(name, None) is not None:  # back to the version that runs
@@ -215,11 +238,14 @@ class Reconciler:
             except Exception as e:  # one module's failure, whatever it is, is that module's refusal
                 self._refuse(name, ref, e)
 
-    def _refuse(self, name: str, ref: ModuleRef, e: Exception) -> None:
+    def _refuse(self, name: str, ref: ModuleRef | bytes, e: Exception) -> None:
         known = (DeliveryError, ArtifactError, ManifestError)
         reason = str(e) if isinstance(e, known) else f"{type(e).__name__}: {e}"
         label = module_label(name)
-        version = ref.version if version_problem(ref.version) is None else shown(ref.version)
+        if isinstance(ref, bytes):
+            version = "(entry)"
+        else:
+            version = ref.version if version_problem(ref.version) is None else shown(ref.version)
         # The version that runs keeps running; the refusal is named, once.
         log.error("membership: module %s %s refused: %s", label, version, reason)
         self.refused[name] = ref

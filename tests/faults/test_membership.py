@@ -79,6 +79,10 @@ async def test_hostile_membership_entries_are_each_one_modules_refusal_and_the_n
             {"bad": module_ref("1.0.0", {"tools": {**bad, "object": "o" * 300}})},
             ("bad", "object is 'ooo"),
         ),
+        "an entry of the wrong shape": (
+            {"bad": {"version": 1, "seats": "all", "bundles": []}},
+            ("bad", "not a membership entry"),
+        ),
         "a language no toolchain has": (
             {"bad": module_ref("1.0.0", {"tools": {**bad, "language": "cobol"}})},
             ("bad", "language is 'cobol'"),
