@@ -11,14 +11,23 @@ import collections
 import logging
 import random
 import signal
-import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import anyio
 import msgspec
 
-from .errors import BundleUnavailable, CallTimedOut, ChildError, ProtocolError, SessionClosed
+from .errors import (
+    WAITED_FOR_SLOT,
+    WAITED_FOR_START,
+    BundleOverloaded,
+    BundleUnavailable,
+    CallTimedOut,
+    ChildError,
+    ProtocolError,
+    SessionClosed,
+)
+from .logbudget import LogBudget
 from .process import ChildProcess, ChildSpec
 from .reaper import Reaper, kill_marked
 from .session import Call, Session, Tool
@@ -26,6 +35,8 @@ from .session import Call, Session, Tool
 log = logging.getLogger("mesh.bundle")
 
 STDERR_TAIL = 50
+# States in which a call waits (inside its deadline) instead of being answered 503 at once.
+STARTING_STATES = ("starting", "restarting")
 
 
 class RestartPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -61,6 +72,10 @@ class RunnerSpec:
     # Builds the bundle before its first start (compiled code served from source); gives the
     # child to run. A failure is not retried on its own: the bundle is failed until reset.
     prepare: Callable[[], Awaitable[ChildSpec]] | None = None
+    # Calls waiting for a slot while all max_in_flight are taken, bounded in count and in bytes of
+    # arguments: one more is answered 503 `overloaded` at once (an unbounded wait ate the node).
+    max_waiting: int = 256
+    max_waiting_bytes: int = 16 * 1024 * 1024
 
     @property
     def key(self) -> str:
@@ -102,12 +117,24 @@ class Pending:
 
 
 class _Slots:
-    """A bound on calls in flight; waiting is cheap when there is room (the common case)."""
+    """A bound on calls in flight; waiting is cheap when there is room (the common case).
 
-    def __init__(self, size: int) -> None:
+    The waiters are bounded too (`max_waiting` calls, `max_waiting_bytes` of their arguments).
+    """
+
+    def __init__(self, size: int, max_waiting: int, max_waiting_bytes: int) -> None:
         self.size = size
         self.used = 0
+        self.max_waiting, self.max_waiting_bytes = max_waiting, max_waiting_bytes
+        self.waiting_bytes = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def room_to_wait(self, size: int) -> bool:
+        return len(self._waiters) < self.max_waiting and self.waiting_bytes + size <= self.max_waiting_bytes
 
     def try_acquire(self) -> bool:
         if self.used < self.size and not self._waiters:
@@ -115,18 +142,20 @@ class _Slots:
             return True
         return False
 
-    async def acquire(self, timeout: float) -> bool:
+    async def acquire(self, timeout: float, size: int = 0) -> bool:
         if self.used < self.size and not self._waiters:
             self.used += 1
             return True
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self.waiting_bytes += size
         try:
             await asyncio.wait_for(fut, timeout)
             return True
         except TimeoutError:
             return False
         finally:
+            self.waiting_bytes -= size
             if not fut.done() or fut.cancelled():
                 try:
                     self._waiters.remove(fut)
@@ -167,7 +196,7 @@ class BundleRunner:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._session: Session | None = None
         self._child: ChildProcess | None = None
-        self._slots = _Slots(spec.max_in_flight)
+        self._slots = _Slots(spec.max_in_flight, spec.max_waiting, spec.max_waiting_bytes)
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()  # reset or stop requested
         self._relist = asyncio.Event()
@@ -175,7 +204,8 @@ class BundleRunner:
         self._restart_requested = False
         self._recent: collections.deque[float] = collections.deque()
         self._failures = 0
-        self._log_budget = _LogBudget(self.key)
+        self._log_budget = LogBudget(self.key, "stderr lines")
+        self._call_timed_out_at = float("-inf")  # loop clock: the last call the child did not answer in time
         self._child_spec: ChildSpec | None = None if spec.prepare else spec.child
         self.finished = asyncio.Event()  # run() has ended: its child is gone
 
@@ -198,14 +228,28 @@ class BundleRunner:
     ) -> Pending:
         """Write a call once the bundle is ready and a slot is free, riding over a start; by `deadline`.
 
-        BundleUnavailable at once when the bundle is down, CallTimedOut when the deadline passes first.
+        BundleUnavailable at once when the bundle is down, BundleOverloaded at once when too many calls
+        wait for a slot already, CallTimedOut (saying what it waited for) when the deadline passes first.
         """
         loop = asyncio.get_running_loop()
         session = self._session
         if self.state != "ready" or session is None:
-            session = await self._wait_ready(deadline)
-        if not await self._slots.acquire(deadline - loop.time()):
-            raise CallTimedOut(self.key, tool_json.decode(), timeout_ms or self.spec.timeout_ms)
+            session = await self._wait_ready(deadline, tool_json, timeout_ms)
+        slots = self._slots
+        if not slots.try_acquire():
+            if not slots.room_to_wait(len(arguments)):
+                raise BundleOverloaded(self.key, slots.used, slots.size, slots.waiting, slots.max_waiting_bytes)
+            late = CallTimedOut(self.key, tool_json.decode(), timeout_ms or self.spec.timeout_ms, WAITED_FOR_SLOT)
+            if not await slots.acquire(deadline - loop.time(), len(arguments)):
+                raise late
+            if loop.time() >= deadline:  # the slot came too late to write the call
+                slots.release()
+                raise late
+            if self._session is not session:  # the child changed while this call waited
+                if self.state != "ready" or self._session is None:
+                    slots.release()
+                    raise self.unavailable()
+                session = self._session
         return self._write_call(session, tool_json, arguments, deadline, meta, timeout_ms)
 
     def _write_call(
@@ -229,13 +273,16 @@ class BundleRunner:
             return await pending.session.result(pending.call)
         except SessionClosed as e:
             raise self.unavailable(e.reason) from e
+        except CallTimedOut:
+            self._call_timed_out_at = asyncio.get_running_loop().time()  # health: the grace is over
+            raise
         finally:
             self._slots.release()
 
     async def settle(self, deadline: float) -> None:
         """Wait while a start is in progress (until `deadline`, loop clock): a start is ridden over."""
         loop = asyncio.get_running_loop()
-        while self.state == "starting":
+        while self.state in STARTING_STATES:
             changed = self._changed
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -245,12 +292,17 @@ class BundleRunner:
             except TimeoutError:
                 return
 
-    async def _wait_ready(self, deadline: float) -> Session:
-        # Any state but `starting` is down: answered at once.
+    async def _wait_ready(self, deadline: float, tool_json: bytes, timeout_ms: int = 0) -> Session:
+        # Any state but a start is down: answered at once. A start past the deadline is a 504.
         await self.settle(deadline)
         if self.state == "ready" and self._session is not None:
             return self._session
+        if self.state in STARTING_STATES:
+            raise self.start_timed_out(tool_json.decode(), timeout_ms)
         raise self.unavailable()
+
+    def start_timed_out(self, what: str, timeout_ms: int = 0) -> CallTimedOut:
+        return CallTimedOut(self.key, what, timeout_ms or self.spec.timeout_ms, WAITED_FOR_START)
 
     def unavailable(self, reason: str = "") -> BundleUnavailable:
         state = self.state if self.state != "ready" else "restarting"
@@ -262,6 +314,8 @@ class BundleRunner:
     def request_restart(self) -> None:
         """Operator's reset: a failed bundle starts again; a running one is restarted."""
         self._restart_requested = True
+        if self.state == "ready":
+            self._set_state("restarting")  # status says so; new calls wait for the new child
         if self.spec.prepare is not None and self.state == "failed":
             self._child_spec = None  # build again: the operator may have fixed the source
         self._recent.clear()
@@ -357,18 +411,27 @@ class BundleRunner:
     async def _prepare(self) -> bool:
         assert self.spec.prepare is not None
         self._set_state("building")
-        try:
-            self._child_spec = await self.spec.prepare()
-            return True
-        except Exception as e:  # a build's failure is the bundle's, never the node's
-            self.last_error = f"could not be built: {e}"
+        failure: Exception | None = None
+        # A stop or an operator restart interrupts the build at once (it is not waited out).
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_stop, tg.cancel_scope)
+            try:
+                self._child_spec = await self.spec.prepare()
+            except Exception as e:  # a build's failure is the bundle's, never the node's
+                failure = e
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            self.last_error = f"could not be built: {failure}"
             self._set_state("failed")
             log.error("bundle %s %s; fix it, then `meshctl node restart %s`", self.key, self.last_error, self.key)
-            return False
+        return self._child_spec is not None
 
     async def _sleep_until_woken(self, delay: float | None) -> None:
         self._wake.clear()
-        if self._stopping or self._restart_requested:
+        if self._stopping:
+            return
+        if self._restart_requested:
+            self._restart_requested = False  # asked for already: no sleep, and consumed here
             return
         with anyio.move_on_after(delay):
             await self._wake.wait()
@@ -397,6 +460,8 @@ class BundleRunner:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_exit, child, tg.cancel_scope)
+                # From the first line on: a stop or restart does not wait out the handshake.
+                tg.start_soon(self._watch_stop, tg.cancel_scope)
                 try:
                     await session.initialize(spec.health.init_timeout_s)
                     tools = await session.list_tools(spec.health.init_timeout_s)
@@ -418,12 +483,11 @@ class BundleRunner:
                 )
                 tg.start_soon(self._health, child, session)
                 tg.start_soon(self._relist_tools, session)
-                await self._wake_for_stop()
-                tg.cancel_scope.cancel()
+                await anyio.sleep_forever()  # until the child exits or a stop/restart is asked
         finally:
             with anyio.CancelScope(shield=True):
                 await self._end_child(child, session)
-                if ready_at is None:
+                if ready_at is None and not self._stopping:
                     await self._last_words(child)
         return ready_at
 
@@ -441,10 +505,11 @@ class BundleRunner:
         await child.wait()
         scope.cancel()
 
-    async def _wake_for_stop(self) -> None:
+    async def _watch_stop(self, scope: anyio.CancelScope) -> None:
         while not (self._stopping or self._restart_requested):
             self._wake.clear()
             await self._wake.wait()
+        scope.cancel()
 
     async def _end_child(self, child: ChildProcess, session: Session) -> None:
         if child.running:
@@ -486,6 +551,9 @@ class BundleRunner:
             except CallTimedOut:
                 if child.last_output > sent:
                     continue  # busy writing a long answer; the ping's answer waits behind it
+                if self._busy_in_time(session):
+                    misses = 0
+                    continue
                 misses += 1
                 if misses >= h.ping_misses:
                     self.last_error = f"stopped answering ping ({misses} x {h.ping_timeout_s:g} s)"
@@ -494,6 +562,15 @@ class BundleRunner:
                     return
             except (SessionClosed, ChildError, BundleUnavailable):
                 return
+
+    def _busy_in_time(self, session: Session) -> bool:
+        """Calls are in flight and none has passed its timeout since the child last spoke.
+
+        A child that handles one request at a time answers no ping during a long call: missed
+        pings then do not count, and the calls' own timeouts watch it. Once a call times out with
+        no sign of life since, the grace ends and missed pings count again.
+        """
+        return self._slots.used > 0 and self._call_timed_out_at <= session.last_seen
 
     def _notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":
@@ -522,30 +599,6 @@ class BundleRunner:
         self.stderr_tail.append(text)
         if self._log_budget.take():
             log.info("[%s] %s", self.key, text)
-
-
-class _LogBudget:
-    """A noisy child must not drown the node's log: at most `rate` lines a second pass."""
-
-    def __init__(self, key: str, rate: int = 200) -> None:
-        self.key, self.rate = key, rate
-        self.window = 0
-        self.count = 0
-        self.dropped = 0
-
-    def take(self) -> bool:
-        now = int(time.monotonic())
-        if now != self.window:
-            if self.dropped:
-                log.warning(
-                    "[%s] %d stderr lines not logged (more than %d a second)", self.key, self.dropped, self.rate
-                )
-            self.window, self.count, self.dropped = now, 0, 0
-        self.count += 1
-        if self.count > self.rate:
-            self.dropped += 1
-            return False
-        return True
 
 
 def _reason(e: Exception) -> str:

@@ -25,10 +25,23 @@ class ProtocolError(LauncherError):
         super().__init__(f"{bundle}: {reason}")
 
 
+# Where a call's time went when it timed out: the one deadline set at its arrival covers all three.
+WAITED_FOR_START, WAITED_FOR_SLOT, WAITED_FOR_CHILD = "start", "slot", "child"
+
+
 class CallTimedOut(LauncherError):
-    def __init__(self, bundle: str, what: str, timeout_ms: int) -> None:
-        self.bundle, self.what, self.timeout_ms = bundle, what, timeout_ms
-        super().__init__(f"{bundle}: {what} took longer than {timeout_ms} ms")
+    def __init__(self, bundle: str, what: str, timeout_ms: int, waited_for: str = WAITED_FOR_CHILD) -> None:
+        self.bundle, self.what, self.timeout_ms, self.waited_for = bundle, what, timeout_ms, waited_for
+        super().__init__(f"{bundle}: {what} took longer than {timeout_ms} ms (waiting for the {waited_for})")
+
+
+class BundleOverloaded(LauncherError):
+    """No free slot, and the calls already waiting for one fill the bound: the facts for a 503."""
+
+    def __init__(self, bundle: str, in_flight: int, limit: int, waiting: int, waiting_bytes_limit: int) -> None:
+        self.bundle, self.in_flight, self.limit = bundle, in_flight, limit
+        self.waiting, self.waiting_bytes_limit = waiting, waiting_bytes_limit
+        super().__init__(f"bundle {bundle} is overloaded: {in_flight} in flight of {limit}, {waiting} waiting")
 
 
 class ChildError(LauncherError):

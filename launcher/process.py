@@ -38,6 +38,9 @@ class ChildSpec:
     group: int | str | None = None
     # A line longer than this is a broken child, not a message to buffer for ever.
     max_line_bytes: int = 64 * 1024 * 1024
+    # Bytes written to the child's stdin that it has not read yet. A child past this does not
+    # read its stdin: it is hung, and is killed (without a bound the node grew by GB a second).
+    max_stdin_bytes: int = 32 * 1024 * 1024
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -102,7 +105,9 @@ class _Lines:
     """Splits a byte stream into lines without copying the common case (whole lines).
 
     A long line arrives in many reads: its pieces are kept in a list and joined once, at its
-    end, so a 40 MB answer costs one copy, not one per read.
+    end, so a 40 MB answer costs one copy, not one per read. A handler that fails on one line
+    with an OSError (a broken pipe while answering the child) costs that line only, never the
+    rest of the read.
     """
 
     __slots__ = ("parts", "size", "handler", "limit")
@@ -127,16 +132,22 @@ class _Lines:
             self.parts.append(data[:end])
             line = b"".join(self.parts)
             self.parts, self.size = [], 0
-            handler(line)
         else:
-            handler(data[:end])
+            line = data[:end]
+        try:
+            handler(line)
+        except OSError:
+            pass  # the child's stdin closed while it was answered: the next lines still count
         start = end + 1
         find = data.find
         while True:
             end = find(b"\n", start)
             if end < 0:
                 break
-            handler(data[start:end])
+            try:
+                handler(data[start:end])
+            except OSError:
+                pass
             start = end + 1
         if start < len(data):
             self.parts.append(data[start:])
@@ -167,11 +178,14 @@ class _Protocol(asyncio.SubprocessProtocol):
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         child = self.child
         if fd == 1:
-            child.last_output = child._loop.time()  # alive, even in the middle of a long line
             try:
                 child._stdout.feed(data)
             except LineTooLong as e:
                 child._broken(str(e))
+            if child._stdout.parts:
+                # Alive in the middle of a long line; whole lines count as alive only when they
+                # are JSON-RPC (the session's last_seen): garbage is no sign of life.
+                child.last_output = child._loop.time()
         else:
             try:
                 child._stderr.feed(data)
@@ -214,6 +228,8 @@ class ChildProcess:
         self._loop = asyncio.get_running_loop()
         self.last_output = self._loop.time()
         self._out: list[bytes] = []
+        self._out_size = 0
+        self._stdin_limit = spec.max_stdin_bytes
         self._turn_open = False
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.stderr_closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -260,7 +276,12 @@ class ChildProcess:
             raise BrokenPipeError("the child's stdin is closed")
         if self._turn_open:
             self._out.append(data)
+            self._out_size += len(data)
+            if self._out_size > self._stdin_limit:
+                self._stdin_full(stdin)
             return
+        if stdin.get_write_buffer_size() + len(data) > self._stdin_limit:
+            self._stdin_full(stdin)
         stdin.write(data)
         self._turn_open = True
         self._loop.call_soon(self._end_turn)
@@ -268,10 +289,22 @@ class ChildProcess:
     def _end_turn(self) -> None:
         self._turn_open = False
         if self._out:
-            out, self._out = self._out, []
+            out, self._out, size, self._out_size = self._out, [], self._out_size, 0
             stdin = self._stdin
             if stdin is not None and not stdin.is_closing():
+                if stdin.get_write_buffer_size() + size > self._stdin_limit:
+                    self._broken(self._stdin_full_reason())
+                    return
                 stdin.write(b"".join(out))
+
+    def _stdin_full_reason(self) -> str:
+        return f"does not read its stdin: more than {self._stdin_limit} bytes written to it are unread (killed as hung)"
+
+    def _stdin_full(self, stdin: asyncio.WriteTransport) -> None:
+        self._out, self._out_size = [], 0
+        self._broken(self._stdin_full_reason())
+        stdin.close()  # nothing more is queued for a child that is being killed
+        raise BrokenPipeError(f"the child {self._stdin_full_reason()}")
 
     async def wait(self) -> int:
         """The exit status. Shielded: a cancelled waiter must not cancel the shared future."""

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import msgspec
 
 from .errors import CallTimedOut, ChildError, ProtocolError, SessionClosed
+from .logbudget import LogBudget
 
 # Revisions reachable through the `initialize` handshake, oldest first.
 PROTOCOL_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -110,8 +111,9 @@ class Session:
         self.protocol_version: str | None = None
         self.server_info: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
-        self.last_seen = self._loop.time()
+        self.last_seen = self._loop.time()  # the last JSON-RPC message: garbage is no sign of life
         self.skipped_lines = 0
+        self._garbage_budget = LogBudget(name, "lines on stdout that are not JSON-RPC", rate=20)
 
     def attach(self, write: Write) -> None:
         """Give the session its way to the child, once the child runs."""
@@ -120,17 +122,18 @@ class Session:
     # --- incoming -------------------------------------------------------------------------
     def feed(self, line: bytes) -> None:
         """One line from the child's stdout."""
-        self.last_seen = self._loop.time()
         if not line.strip():
             return
         try:
             msg = _decode_incoming(line)
         except (msgspec.DecodeError, msgspec.ValidationError):
             self.skipped_lines += 1
-            shown = line[:200].decode("utf-8", "replace")
-            log.warning("%s: skipped a line on stdout that is not JSON-RPC: %r", self.name, shown)
+            if self._garbage_budget.take():
+                shown = line[:200].decode("utf-8", "replace")
+                log.warning("%s: skipped a line on stdout that is not JSON-RPC: %r", self.name, shown)
             self._fail_unreadable_answer(line)
             return
+        self.last_seen = self._loop.time()
         if msg.method is None:
             fut = self._pending.pop(msg.id, None) if isinstance(msg.id, int) else None
             if fut is None:

@@ -15,12 +15,23 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from launcher.bundle import BundleRunner, Pending
-from launcher.errors import BundleUnavailable, CallTimedOut, ChildError
+from launcher.bundle import STARTING_STATES, BundleRunner, Pending
+from launcher.errors import BundleOverloaded, BundleUnavailable, CallTimedOut, ChildError
 
 from .callproto import REQUEST_INFO, request_account
 from .calls import CallDesk, OpenCall, call_meta
-from .errors import BadRequest, Internal, NodeError, NodeStopping, NoSuchTool, TimedOut, TooLarge, Unavailable, render
+from .errors import (
+    BadRequest,
+    Internal,
+    NodeError,
+    NodeStopping,
+    NoSuchTool,
+    Overloaded,
+    TimedOut,
+    TooLarge,
+    Unavailable,
+    render,
+)
 from .routes import Route, RouteTable
 
 log = logging.getLogger("mesh.dispatch")
@@ -105,9 +116,11 @@ class Dispatcher:
     def max_payload(self) -> int:
         return self.nc.max_payload or 1024 * 1024
 
-    def deadline(self, msg: Msg, arrived: float, bundle: BundleRunner) -> float:
-        """When the caller stops waiting (loop clock): the bundle's timeout from the request's arrival."""
-        return arrived + bundle.spec.timeout_ms / 1000
+    def deadline(self, msg: Msg, arrived: float, bundle: BundleRunner, call: OpenCall | None = None) -> float:
+        """When the caller stops waiting (loop clock), set once from the request's arrival for the start,
+        the slot and the child together: the bundle's timeout, or the caller's shorter Mesh-Timeout-Ms."""
+        cap = bundle.spec.timeout_ms
+        return arrived + (cap if call is None else call.options.timeout_for(cap)) / 1000
 
     def _begin(self, route: Route, msg: Msg, arrived: float, call: OpenCall | None = None) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
@@ -119,7 +132,9 @@ class Dispatcher:
             timeout_ms = call.options.timeout_for(route.bundle.spec.timeout_ms)
             data = self._checked(route, msg.data)
             meta = call_meta(b"", call)
-            return route.bundle.begin(route.tool_json, data, arrived + timeout_ms / 1000, meta, timeout_ms)
+            return route.bundle.begin(
+                route.tool_json, data, self.deadline(msg, arrived, route.bundle, call), meta, timeout_ms
+            )
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
 
@@ -132,7 +147,11 @@ class Dispatcher:
         """
         if route is None:
             for bundle in self.table.starting(msg.subject):
-                await bundle.settle(self.deadline(msg, arrived, bundle))
+                await bundle.settle(self.deadline(msg, arrived, bundle, call))
+                if bundle.state in STARTING_STATES:  # settle returned at the deadline: still starting
+                    timeout_ms = call.options.timeout_for(bundle.spec.timeout_ms) if call else 0
+                    whose = "caller" if 0 < timeout_ms < bundle.spec.timeout_ms else "bundle"
+                    raise TimedOut(msg.subject, bundle.start_timed_out(msg.subject, timeout_ms), whose)
             route = self.table.resolve(msg.subject)
         data, meta, timeout_ms = msg.data, b"", route.bundle.spec.timeout_ms
         if call is not None:
@@ -142,10 +161,12 @@ class Dispatcher:
         data = self._checked(route, data)
         try:
             return route, await route.bundle.begin_when_ready(
-                route.tool_json, data, arrived + timeout_ms / 1000, meta, timeout_ms
+                route.tool_json, data, self.deadline(msg, arrived, route.bundle, call), meta, timeout_ms
             )
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
+        except BundleOverloaded as e:
+            raise Overloaded(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
             raise TimedOut(route.tool, e, _whose(route, call)) from None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from launcher.errors import BundleUnavailable, CallTimedOut
+from launcher.errors import WAITED_FOR_SLOT, WAITED_FOR_START, BundleOverloaded, BundleUnavailable, CallTimedOut
 
 HEADER_CODE = "Nats-Service-Error-Code"
 HEADER_TEXT = "Nats-Service-Error"
@@ -41,13 +41,16 @@ class BadRequest(NodeError):
 class NoSuchTool(NodeError):
     code, kind = 404, "not_found"
 
-    def __init__(self, subject: str, what: str, known: list[str]) -> None:
-        self.subject, self.what, self.known = subject, what, known
+    def __init__(self, subject: str, what: str, known: list[str], ways_out: list[str] | None = None) -> None:
+        self.subject, self.what, self.known, self.ways_out = subject, what, known, ways_out
         listing = ", ".join(known[:20]) + (" ..." if len(known) > 20 else "")
         super().__init__(f"{what}; served here: {listing or 'none'}")
 
     def facts(self) -> dict[str, Any]:
-        return {"subject": self.subject, "known": self.known}
+        facts: dict[str, Any] = {"subject": self.subject, "known": self.known}
+        if self.ways_out:
+            facts["ways_out"] = self.ways_out
+        return facts
 
 
 class TooLarge(NodeError):
@@ -93,6 +96,10 @@ class OverCap(NodeError):
 _STATE_WORDS = {"backoff": "waiting to restart (backoff)", "building": "being built"}
 
 
+def _bundle_facts(tool: str, module: str, bundle: str, node: str) -> dict[str, Any]:
+    return {"tool": tool, "module": module, "bundle": bundle, "node": node}
+
+
 class Unavailable(NodeError):
     code, kind = 503, "bundle_unavailable"
 
@@ -109,14 +116,11 @@ class Unavailable(NodeError):
     def facts(self) -> dict[str, Any]:
         c = self.cause
         return {
-            "tool": self.tool,
-            "module": self.module,
-            "bundle": c.bundle,
+            **_bundle_facts(self.tool, self.module, c.bundle, self.node),
             "state": c.state,
             "last_exit": c.last_exit,
             "reason": c.reason,
             "stderr_tail": c.stderr_tail[-10:],
-            "node": self.node,
             "ways_out": [
                 f"see `meshctl node status --name {self.node}` and the node's log for bundle {c.bundle}",
                 f"fix the bundle and run `meshctl node restart {c.bundle} --name {self.node}`"
@@ -127,6 +131,38 @@ class Unavailable(NodeError):
         }
 
 
+class Overloaded(NodeError):
+    code, kind = 503, "overloaded"
+
+    def __init__(self, tool: str, module: str, cause: BundleOverloaded, node: str) -> None:
+        self.tool, self.module, self.cause, self.node = tool, module, cause, node
+        super().__init__(
+            f"tool family {module} ({tool}) is overloaded on node {node}: bundle {cause.bundle} has "
+            f"{cause.in_flight} in flight of {cause.limit} (max_in_flight) and {cause.waiting} calls waiting "
+            "for a slot already; retry later or on another node"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        c = self.cause
+        return {
+            **_bundle_facts(self.tool, self.module, c.bundle, self.node),
+            "in_flight": c.in_flight,
+            "limit": c.limit,
+            "waiting": c.waiting,
+            "ways_out": [
+                "retry after a pause: the calls in flight end within their timeout",
+                f"raise max_in_flight of bundle {c.bundle} in its module.toml if the child can take more",
+                "serve the module on more nodes: the queue group shares the calls",
+            ],
+        }
+
+
+_WHERE_THE_TIME_WENT = {
+    WAITED_FOR_START: "all of it went waiting for bundle {b} to start; the call never reached the child",
+    WAITED_FOR_SLOT: "it waited for a free slot of bundle {b} (max_in_flight) and never reached the child",
+}
+
+
 class TimedOut(NodeError):
     code, kind = 504, "timed_out"
 
@@ -134,16 +170,17 @@ class TimedOut(NodeError):
         # deadline: whose ran out, "bundle" (the manifest's timeout_ms) or "caller" (Mesh-Timeout-Ms)
         self.tool, self.cause, self.deadline = tool, cause, deadline
         whose = "the caller's deadline (Mesh-Timeout-Ms)" if deadline == "caller" else "the bundle's timeout_ms"
-        super().__init__(
-            f"{tool} did not answer within {cause.timeout_ms} ms, {whose}; the call was cancelled in bundle {cause.bundle}"
-        )
+        where = _WHERE_THE_TIME_WENT.get(cause.waited_for, "the call was cancelled in bundle {b}")
+        super().__init__(f"{tool} did not answer within {cause.timeout_ms} ms, {whose}; {where.format(b=cause.bundle)}")
 
     def facts(self) -> dict[str, Any]:
+        c = self.cause
         return {
             "tool": self.tool,
-            "bundle": self.cause.bundle,
-            "timeout_ms": self.cause.timeout_ms,
+            "bundle": c.bundle,
+            "timeout_ms": c.timeout_ms,
             "deadline": self.deadline,
+            "waited_for": c.waited_for,
         }
 
 

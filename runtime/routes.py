@@ -8,11 +8,12 @@ write into a second, unconnected store.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import msgspec
 
-from launcher.bundle import BundleRunner
+from launcher.bundle import STARTING_STATES, BundleRunner
 from launcher.session import Tool
 
 from .errors import NoSuchTool, Unavailable
@@ -22,6 +23,7 @@ TOOL_PREFIX = "mesh.tool."
 SEAT_PREFIX = "mesh.seat."
 
 _encode = msgspec.json.encode
+log = logging.getLogger("mesh.routes")
 
 
 def tool_subject(module: str, tool: str) -> str:
@@ -81,6 +83,8 @@ class ModuleEntry:
     version: str
     bundles: list[BundleRunner]
     seats: list[str] = field(default_factory=list)  # seats this module holds on this node
+    # The seats its module.toml declares ([[seat]]); None: not known, nothing is checked.
+    declared_seats: list[str] | None = None
 
 
 class RouteTable:
@@ -89,11 +93,30 @@ class RouteTable:
         self.modules: dict[str, ModuleEntry] = {}
         self.seat_holders: dict[str, str] = {}  # seat -> module
         self.routes: dict[str, Route] = {}
+        # (module, tool) -> the load-time error of a `<seat>.<verb>` tool whose seat is not declared.
+        self._undeclared: dict[tuple[str, str], str] = {}
+
+    def problems(self) -> list[str]:
+        """The tools that cannot be served as they are named, each said once in an ERROR line."""
+        return list(self._undeclared.values())
+
+    def _undeclared_seat(self, entry: ModuleEntry, bundle: BundleRunner, tool: str, seat: str) -> None:
+        if (entry.name, tool) in self._undeclared:
+            return
+        problem = (
+            f"module {entry.name}, bundle {bundle.key}: tool {tool!r} is a verb of seat {seat!r}, which the "
+            f'module does not declare; it is not served. Add [[seat]] name = "{seat}" to its module.toml, '
+            f"or rename the tool without a dot"
+        )
+        self._undeclared[(entry.name, tool)] = problem
+        log.error("%s", problem)
 
     def rebuild(self) -> None:
         """Recompute every route from the bundles' current tool lists; stats carry over."""
         old = self.routes
         routes: dict[str, Route] = {}
+        undeclared = {k: v for k, v in self._undeclared.items() if k[0] in self.modules}
+        self._undeclared = undeclared
         for entry in self.modules.values():
             held = set(entry.seats)
             for bundle in entry.bundles:
@@ -104,6 +127,8 @@ class RouteTable:
                     elif seat_verb[0] in held:
                         subject, kind = seat_subject(*seat_verb), "seat"
                     else:
+                        if entry.declared_seats is not None and seat_verb[0] not in entry.declared_seats:
+                            self._undeclared_seat(entry, bundle, tool.name, seat_verb[0])
                         continue  # a verb of a seat this module does not hold here
                     route = Route(subject, kind, entry.name, tool, bundle)
                     previous = old.get(subject)
@@ -127,7 +152,7 @@ class RouteTable:
         elif subject.startswith(SEAT_PREFIX):
             module = self.seat_holders.get(subject[len(SEAT_PREFIX) :].partition(".")[0])
         entry = self.modules.get(module) if module else None
-        return [b for b in entry.bundles if b.state == "starting"] if entry else []
+        return [b for b in entry.bundles if b.state in STARTING_STATES] if entry else []
 
     def why_not(self, subject: str) -> Exception:
         """404 when nothing here could serve it; 503 when the bundle that might is down."""
@@ -150,4 +175,7 @@ class RouteTable:
             if bundle.state != "ready":
                 return Unavailable(tool, family, bundle.unavailable(), self.node)
         known = sorted(r.subject for r in self.routes.values() if r.module == entry.name)
+        problem = self._undeclared.get((entry.name, tool))
+        if problem is not None:
+            return NoSuchTool(subject, f"{what}: {problem}", known, ways_out=[problem.split("served. ", 1)[1]])
         return NoSuchTool(subject, what, known)

@@ -1,6 +1,7 @@
 """A stdlib-only MCP server for tests: a real child whose misbehaviour is chosen by RAW_MODE.
 
-Modes: normal, exit_at_start, no_init, no_ping, noisy, garbage, ignore_term, slow_start.
+Modes: normal, exit_at_start, no_init, no_ping, noisy, garbage, ignore_term, slow_start,
+ping_flood (after the handshake: pings the node in a loop and never reads its stdin again).
 Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
 mirror, whoami, trickle, hold, progress.
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
@@ -52,6 +53,7 @@ TOOLS = [
     {"name": "add_tool", "description": "Add a tool and say so", "inputSchema": {"type": "object"}},
     {"name": "grandchild", "description": "Start grandchildren", "inputSchema": {"type": "object"}},
     {"name": "pid", "description": "The child's pid", "inputSchema": {"type": "object"}},
+    {"name": "escapee", "description": "A setsid grandchild with an empty env", "inputSchema": {"type": "object"}},
     {"name": "env", "description": "The child's environment", "inputSchema": {"type": "object"}},
     {"name": "fail", "description": "A tool error", "inputSchema": {"type": "object"}},
     {"name": "echo.say", "description": "Seat verb", "inputSchema": {"type": "object"}},
@@ -129,6 +131,10 @@ def call(rid: object, name: str, args: dict, meta: dict | None = None) -> None:
         same = subprocess.Popen(["sleep", "1000"])
         away = subprocess.Popen(["sleep", "1001"], start_new_session=bool(args.get("setsid")))
         send({"jsonrpc": "2.0", "id": rid, "result": text_result("ok", {"pids": [same.pid, away.pid]})})
+    elif name == "escapee":
+        # A grandchild that leaves the group and carries no environment at all: no run marker.
+        away = subprocess.Popen(["/bin/sleep", "1003"], env={}, start_new_session=True)
+        send({"jsonrpc": "2.0", "id": rid, "result": text_result("ok", {"pids": [away.pid]})})
     elif name == "pid":
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(str(os.getpid()), {"pid": os.getpid()})})
     elif name == "env":
@@ -218,6 +224,13 @@ def garbage() -> None:
         sys.stdout.buffer.flush()
 
 
+def ping_flood() -> None:
+    n, pad = 0, "x" * int(os.environ.get("RAW_PING_ID_BYTES", "16"))
+    while True:
+        n += 1
+        send({"jsonrpc": "2.0", "id": f"p{n}{pad}", "method": "ping"})  # the answer carries the id back
+
+
 def main() -> None:
     if os.environ.get("RAW_START_LOG"):
         with open(os.environ["RAW_START_LOG"], "a") as f:
@@ -262,6 +275,9 @@ def main() -> None:
             )
         elif method == "notifications/initialized":
             initialized = True
+        elif method == "tools/list" and MODE == "ping_flood":
+            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS}})
+            ping_flood()  # never returns: stdin is not read again
         elif method == "notifications/cancelled":
             _cancelled.add(params.get("requestId"))
             log_call("cancelled", params.get("requestId"), str(params.get("reason", "")))

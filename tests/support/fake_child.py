@@ -32,6 +32,11 @@ class Behaviour:
     stderr: str = ""  # a line written on stderr before anything else
     unstartable: bool = False  # spawn fails as exec would (no such file)
     answer: Callable[[str, dict[str, Any]], Any] | None = None  # tools/call -> result, or None: no answer
+    answers_ping: bool = True
+    call_seconds: float = 0.0  # a tools/call is answered this long after it arrived
+    single_threaded: bool = False  # while a call runs, nothing else is read (pings wait behind it)
+    garbage_every: float | None = None  # writes a line that is not JSON-RPC this often
+    handshake_after: float = 0.0  # the handshake's answers come this late (a slow start)
 
 
 def echo(tool: str, arguments: dict[str, Any]) -> Any:
@@ -65,6 +70,9 @@ class FakeChild:
         self.broken_reason: str | None = None
         self.received: list[dict[str, Any]] = []
         self._loop = loop
+        self._busy_until = 0.0
+        if behaviour.garbage_every is not None:
+            loop.call_later(behaviour.garbage_every, self._garbage)
         if behaviour.stderr:
             on_stderr(behaviour.stderr.encode())
         if behaviour.exit_after is not None:
@@ -88,7 +96,7 @@ class FakeChild:
         for line in data.splitlines():
             message = json.loads(line)
             self.received.append(message)
-            self._loop.call_soon(self._answer, message)
+            self._schedule(message)
 
     async def wait(self) -> int:
         return await asyncio.shield(self.exited)
@@ -120,6 +128,24 @@ class FakeChild:
             self.last_output = self._loop.time()
             self.on_stdout(json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode())
 
+    def _schedule(self, message: dict[str, Any]) -> None:
+        b, now = self.behaviour, self._loop.time()
+        method = message.get("method")
+        delay = 0.0
+        if method in ("initialize", "tools/list"):
+            delay = b.handshake_after
+        elif method == "tools/call":
+            delay = b.call_seconds
+        start = max(now, self._busy_until) if b.single_threaded else now
+        if b.single_threaded:
+            self._busy_until = start + delay
+        self._loop.call_at(start + delay, self._answer, message)
+
+    def _garbage(self) -> None:
+        if self.running and self.behaviour.garbage_every is not None:
+            self.on_stdout(b"this is not JSON-RPC")
+            self._loop.call_later(self.behaviour.garbage_every, self._garbage)
+
     def _answer(self, message: dict[str, Any]) -> None:
         method, rid = message.get("method"), message.get("id")
         if rid is None:
@@ -136,7 +162,7 @@ class FakeChild:
             )
         elif method == "tools/list" and b.handshake:
             self._reply(rid, {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in b.tools]})
-        elif method == "ping":
+        elif method == "ping" and b.answers_ping:
             self._reply(rid, {})
         elif method == "tools/call" and b.answer is not None:
             result = b.answer(message["params"]["name"], message["params"]["arguments"])
@@ -156,7 +182,13 @@ FAST_RESTART = RestartPolicy(
 FAST_HEALTH = HealthPolicy(init_timeout_s=0.3, ping_interval_s=30, ping_timeout_s=1, ping_misses=2, stop_grace_s=0.1)
 
 
-def runner_spec(timeout_ms: int = 2000, max_in_flight: int = 8, restart: RestartPolicy = FAST_RESTART) -> RunnerSpec:
+def runner_spec(
+    timeout_ms: int = 2000,
+    max_in_flight: int = 8,
+    restart: RestartPolicy = FAST_RESTART,
+    health: HealthPolicy = FAST_HEALTH,
+    **more: Any,
+) -> RunnerSpec:
     child = ChildSpec(argv=["fake"], cwd="/", env={})
     return RunnerSpec(
         module="m",
@@ -166,7 +198,8 @@ def runner_spec(timeout_ms: int = 2000, max_in_flight: int = 8, restart: Restart
         timeout_ms=timeout_ms,
         max_in_flight=max_in_flight,
         restart=restart,
-        health=FAST_HEALTH,
+        health=health,
+        **more,
     )
 
 
