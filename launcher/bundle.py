@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import random
 import signal
@@ -17,6 +18,7 @@ from typing import Awaitable, Callable
 import anyio
 import msgspec
 
+from .cgroup import kill as kill_cgroup
 from .errors import (
     WAITED_FOR_SLOT,
     WAITED_FOR_START,
@@ -442,8 +444,8 @@ class BundleRunner:
         """Start one child and serve until it exits. Returns when it became ready, if it did."""
         self._set_state("starting")
         spec = self.spec
-        child_spec = self._child_spec
-        assert child_spec is not None
+        assert self._child_spec is not None
+        self._child_spec = child_spec = self._in_cgroup(self._child_spec)
         session = Session(self.key, self._notification)
         try:
             child = await ChildProcess.spawn(child_spec, session.feed, self._stderr_line)
@@ -491,6 +493,14 @@ class BundleRunner:
                     await self._last_words(child)
         return ready_at
 
+    def _in_cgroup(self, spec: ChildSpec) -> ChildSpec:
+        """The child's spec with this bundle's cgroup, where the node can make cgroups."""
+        cgroups = self._reaper.cgroups if self._reaper is not None else None
+        if cgroups is None or spec.cgroup is not None:
+            return spec
+        path = cgroups.for_bundle(self.key)
+        return dataclasses.replace(spec, cgroup=path) if path else spec
+
     async def _last_words(self, child: ChildProcess) -> None:
         """A child that never became ready usually said why on stderr: put that in last_error."""
         with anyio.move_on_after(0.2):
@@ -527,6 +537,8 @@ class BundleRunner:
         child.close()
         if self._reaper is not None:
             self._reaper.unregister(child.pid)
+            if self._child_spec is not None and self._child_spec.cgroup:
+                kill_cgroup(self._child_spec.cgroup)  # everything it started, marker or not
             # Grandchildren that left the group (setsid) still carry the run's marker.
             also = (f"MESH_MODULE={self.spec.module}", f"MESH_BUNDLE={self.spec.name}")
             # And this version's folder: during an upgrade in place the new version's child carries

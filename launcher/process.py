@@ -22,6 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .cgroup import joiner
+
 READ_SIZE = 64 * 1024
 PR_SET_PDEATHSIG = 1
 
@@ -41,6 +43,8 @@ class ChildSpec:
     # Bytes written to the child's stdin that it has not read yet. A child past this does not
     # read its stdin: it is hung, and is killed (without a bound the node grew by GB a second).
     max_stdin_bytes: int = 32 * 1024 * 1024
+    # A cgroup (v2) folder the child starts in (launcher/cgroup.py), where the node can make them.
+    cgroup: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -99,6 +103,21 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
             os._exit(1)
 
     return preexec
+
+
+def _preexec(die_with_parent: Callable[[], None] | None, cgroup: str | None) -> Callable[[], None] | None:
+    """What runs between fork and exec: only when needed (without it Python spawns with vfork)."""
+    if cgroup is None:
+        return die_with_parent
+    join = joiner(cgroup)
+    if die_with_parent is None:
+        return join
+
+    def both() -> None:
+        join()
+        die_with_parent()
+
+    return both
 
 
 class _Lines:
@@ -247,7 +266,7 @@ class ChildProcess:
         if setpriv:
             _check_runnable(spec.argv[0], spec.env.get("PATH"))  # what exec would say, said here
         argv = [setpriv, "--pdeathsig", "KILL", "--", *spec.argv] if setpriv else spec.argv
-        preexec = None if setpriv else _die_with_parent(os.getpid())
+        preexec = _preexec(None if setpriv else _die_with_parent(os.getpid()), spec.cgroup)
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(child),
             *argv,

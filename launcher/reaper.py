@@ -5,15 +5,23 @@ cannot clean up. So the runtime starts this small stdlib-only process with a pip
 "+PGID" when a child starts and "-PGID" when it is gone. When the pipe closes (the runtime
 exited, however it exited), the watchdog kills every group still registered, then every
 process that still carries this run's marker in its environment (`MESH_RUN=<id>`, inherited
-by grandchildren even when they left the group with setsid), then exits.
+by grandchildren even when they left the group with setsid), then the run's cgroup (with
+everything in it, marker or not) when the node could make one, then exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
+import time
+
+if __package__:  # run as the watchdog (`python -I -S reaper.py`) it needs the standard library only
+    from .cgroup import Cgroups
+
+log = logging.getLogger("mesh.reaper")
 
 MARKER_VAR = "MESH_RUN"
 
@@ -52,14 +60,23 @@ class Reaper:
     def __init__(self, marker: str) -> None:
         self.marker = marker
         self._proc: asyncio.subprocess.Process | None = None
+        self.cgroups: Cgroups | None = None
+        self.no_cgroups_because = ""
 
-    async def start(self) -> None:
+    async def start(self, cgroups: bool = True) -> None:
+        if cgroups:
+            self.cgroups, self.no_cgroups_because = Cgroups.create(self.marker)
+        if self.cgroups is not None:
+            log.info("each bundle runs in a cgroup of its own under %s", self.cgroups.base)
+        else:
+            log.info("bundles get no cgroup of their own here (%s)", self.no_cgroups_because or "not asked for")
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-I",
             "-S",
             __file__,
             self.marker,
+            str(self.cgroups.base) if self.cgroups else "",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,
             # Its own session: a signal to the runtime's group (Ctrl-C) must not end it first.
@@ -94,6 +111,8 @@ class Reaper:
             proc.kill()
             await proc.wait()
         self._proc = None
+        if self.cgroups is not None:
+            self.cgroups.close()
 
 
 def main() -> None:
@@ -120,6 +139,33 @@ def main() -> None:
             pass
     if len(sys.argv) > 1 and sys.argv[1]:
         kill_marked(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2]:
+        _kill_cgroup(sys.argv[2])
+
+
+def _kill_cgroup(base: str) -> None:
+    """cgroup.kill on the run's cgroup, then its folders, deepest first (stdlib only: run alone)."""
+    try:
+        with open(os.path.join(base, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        return
+    folders = [d for d, _, _ in os.walk(base)][::-1]
+    for _ in range(200):  # the kernel empties them within milliseconds
+        folders = [d for d in folders if not _rmdir(d)]
+        if not folders:
+            return
+        time.sleep(0.01)
+
+
+def _rmdir(folder: str) -> bool:
+    try:
+        os.rmdir(folder)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ class Node:
         old = self.table.modules.get(module.name)
         prestarted = self._prestarted.pop(module.name, None)
         bundles = prestarted or [self._runner(placement, spec) for spec in module.tools_bundles()]
-        entry = ModuleEntry(module.name, module.version, bundles)
+        entry = ModuleEntry(module.name, module.version, bundles, declared_seats=module.seat_names())
         if old is not None:
             self._release_seats(old)
         self.table.modules[module.name] = entry
@@ -438,7 +438,9 @@ class Node:
             ],
             bundles=bundles,
             seats=list(self.seats.values()),
-            problems=list(self.problems) + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()],
+            problems=list(self.problems)
+            + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()]
+            + self.table.problems(),
             in_flight=self.dispatcher.in_flight if self.dispatcher else 0,
             answered=self.dispatcher.answered if self.dispatcher else 0,
         )

@@ -9,15 +9,16 @@ restart does not pay for a TypeScript or Rust build again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import shutil
 import stat
+import threading
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
-import anyio
 import msgspec
 
 from launcher.env import resolve_argv
@@ -119,13 +120,48 @@ def build_from_source(
     return target, env
 
 
+T = TypeVar("T")
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a thread of its own that nobody waits for when the caller is cancelled.
+
+    A stop interrupts a build at once: the compiler run finishes on its own in the background
+    (into its `.building` folder) and the node's exit does not wait for it (a daemon thread).
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return  # the caller went away
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work() -> None:
+        result, error = None, None
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the caller as it is
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the node's loop has ended: nobody is left to tell
+
+    threading.Thread(target=work, name=f"build {getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    return await done
+
+
 def preparer(
     loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, child: ChildSpec
 ) -> Callable[[], Awaitable[ChildSpec]]:
     """A runner's `prepare`: build the bundle first, then run `child` from the build's folder."""
 
     async def prepare() -> ChildSpec:
-        target, build_env = await anyio.to_thread.run_sync(build_from_source, loaded, spec, state_dir)
+        target, build_env = await in_daemon_thread(build_from_source, loaded, spec, state_dir)
         env = dict(child.env)
         for k, v in build_env.items():
             env[k] = v.replace("{bundle_dir}", str(target))

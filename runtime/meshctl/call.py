@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 from nats.aio.client import Client
@@ -50,6 +50,15 @@ class ProgressView:
             self.out.flush()
 
 
+def ways_out(body: dict[str, Any]) -> list[str]:
+    """The `ways_out` of an error reply, checked: at most 10 lines of 500 printable characters."""
+    error = body.get("error")
+    found = error.get("ways_out") if isinstance(error, dict) else None
+    if not isinstance(found, list):
+        return []
+    return ["".join(c for c in way[:500] if c.isprintable()) for way in found[:10] if isinstance(way, str)]
+
+
 async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_json: bool) -> int:
     """Call, print the result; the exit code (0 ok, 1 failed, 130 cancelled by Ctrl-C)."""
     view = ProgressView(sys.stderr)
@@ -88,6 +97,9 @@ async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_j
         print(f"meshctl: {error.code} {error.message}", file=sys.stderr)
         if as_json and isinstance(error, NodeRefused):
             print(json.dumps(error.body))
+        else:
+            for way in ways_out(error.body):
+                print(f"  way out: {way}", file=sys.stderr)
         return 1
     if as_json:
         print(data.decode())

@@ -1,7 +1,10 @@
 """A stdlib-only MCP server for tests: a real child whose misbehaviour is chosen by RAW_MODE.
 
 Modes: normal, exit_at_start, no_init, no_ping, noisy, garbage, ignore_term, slow_start,
-ping_flood (after the handshake: pings the node in a loop and never reads its stdin again).
+ping_flood (after the handshake: pings the node in a loop and never reads its stdin again),
+garbage_flood (after the handshake: writes lines that are not JSON-RPC without pause, answers
+no ping). RAW_SINGLE=1: `sleep` runs on the one thread that reads stdin (a single-threaded child).
+RAW_EXIT_DELAY: seconds the child lingers after its stdin closes before it exits.
 Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
 mirror, whoami, trickle, hold, progress.
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
@@ -224,6 +227,15 @@ def garbage() -> None:
         sys.stdout.buffer.flush()
 
 
+def garbage_flood() -> None:
+    while True:
+        with _out_lock:
+            for i in range(100):
+                sys.stdout.write(f"garbage line {i}, not JSON-RPC\n")
+            sys.stdout.flush()
+        time.sleep(0.001)
+
+
 def ping_flood() -> None:
     n, pad = 0, "x" * int(os.environ.get("RAW_PING_ID_BYTES", "16"))
     while True:
@@ -275,6 +287,9 @@ def main() -> None:
             )
         elif method == "notifications/initialized":
             initialized = True
+        elif method == "tools/list" and MODE == "garbage_flood":
+            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS}})
+            threading.Thread(target=garbage_flood, daemon=True).start()
         elif method == "tools/list" and MODE == "ping_flood":
             send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS}})
             ping_flood()  # never returns: stdin is not read again
@@ -282,7 +297,7 @@ def main() -> None:
             _cancelled.add(params.get("requestId"))
             log_call("cancelled", params.get("requestId"), str(params.get("reason", "")))
         elif method == "ping":
-            if MODE != "no_ping":
+            if MODE not in ("no_ping", "garbage_flood"):
                 send({"jsonrpc": "2.0", "id": rid, "result": {}})
         elif method == "tools/list":
             send({"jsonrpc": "2.0", "id": rid, "result": {"tools": TOOLS + _extra_tools}})
@@ -292,13 +307,15 @@ def main() -> None:
                 sys.stdout.write("noise on stdout\n")
             if MODE == "garbage":
                 garbage()
-            if name in ("sleep", "trickle", "hold", "progress"):
+            if name in ("sleep", "trickle", "hold", "progress") and not os.environ.get("RAW_SINGLE"):
                 threading.Thread(target=call, args=(rid, name, args, params.get("_meta")), daemon=True).start()
             else:
                 call(rid, name, args)
         elif rid is not None:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"no method {method}"}})
     del initialized
+    # RAW_EXIT_DELAY: a child that takes its time to exit once its stdin closes.
+    time.sleep(float(os.environ.get("RAW_EXIT_DELAY", "0")))
     if MODE == "ignore_term":
         while True:  # stdin closed and SIGTERM ignored: only SIGKILL ends it
             time.sleep(1)
