@@ -100,23 +100,21 @@ class RouteTable:
         """The tools that cannot be served as they are named, each said once in an ERROR line."""
         return list(self._undeclared.values())
 
-    def _undeclared_seat(self, entry: ModuleEntry, bundle: BundleRunner, tool: str, seat: str) -> None:
-        if (entry.name, tool) in self._undeclared:
-            return
+    def _undeclared_seat(self, entry: ModuleEntry, bundle: BundleRunner, tool: str, seat: str) -> str:
         problem = (
             f"module {entry.name}, bundle {bundle.key}: tool {tool!r} is a verb of seat {seat!r}, which the "
             f'module does not declare; it is not served. Add [[seat]] name = "{seat}" to its module.toml, '
             f"or rename the tool without a dot"
         )
-        self._undeclared[(entry.name, tool)] = problem
-        log.error("%s", problem)
+        if self._undeclared.get((entry.name, tool)) != problem:
+            log.error("%s", problem)  # once, not on every rebuild
+        return problem
 
     def rebuild(self) -> None:
         """Recompute every route from the bundles' current tool lists; stats carry over."""
         old = self.routes
         routes: dict[str, Route] = {}
-        undeclared = {k: v for k, v in self._undeclared.items() if k[0] in self.modules}
-        self._undeclared = undeclared
+        undeclared: dict[tuple[str, str], str] = {}
         for entry in self.modules.values():
             held = set(entry.seats)
             for bundle in entry.bundles:
@@ -128,7 +126,9 @@ class RouteTable:
                         subject, kind = seat_subject(*seat_verb), "seat"
                     else:
                         if entry.declared_seats is not None and seat_verb[0] not in entry.declared_seats:
-                            self._undeclared_seat(entry, bundle, tool.name, seat_verb[0])
+                            undeclared[(entry.name, tool.name)] = self._undeclared_seat(
+                                entry, bundle, tool.name, seat_verb[0]
+                            )
                         continue  # a verb of a seat this module does not hold here
                     route = Route(subject, kind, entry.name, tool, bundle)
                     previous = old.get(subject)
@@ -137,6 +137,7 @@ class RouteTable:
                         route.last_error, route.processing_ns = previous.last_error, previous.processing_ns
                     routes.setdefault(subject, route)
         self.routes = routes
+        self._undeclared = undeclared
 
     def resolve(self, subject: str) -> Route:
         route = self.routes.get(subject)

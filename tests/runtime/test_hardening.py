@@ -154,6 +154,10 @@ async def test_item18_a_seat_verb_of_an_undeclared_seat_is_an_error_naming_tool_
     assert code == "404", error
     assert any("[[seat]]" in w for w in error["error"]["ways_out"]), error
     assert table.problems() == [errors[0]]
+    # A version that declares the seat has no such problem any more.
+    table.modules["m"].declared_seats = ["echo", "memo"]
+    table.rebuild()
+    assert table.problems() == []
 
 
 def test_item18_declared_seats_default_to_no_check() -> None:
