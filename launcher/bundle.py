@@ -58,6 +58,8 @@ class HealthPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ping_interval_s: float = 5.0
     ping_timeout_s: float = 5.0
     ping_misses: int = 2  # consecutive unanswered pings before the child is killed
+    # Bytes written to a child's stdin and not read by it yet; past this the child is hung (killed).
+    max_stdin_bytes: int = 32 * 1024 * 1024
     stop_grace_s: float = 2.0
 
 
@@ -445,7 +447,7 @@ class BundleRunner:
         self._set_state("starting")
         spec = self.spec
         assert self._child_spec is not None
-        self._child_spec = child_spec = self._in_cgroup(self._child_spec)
+        self._child_spec = child_spec = self._here(self._child_spec)
         session = Session(self.key, self._notification)
         try:
             child = await ChildProcess.spawn(child_spec, session.feed, self._stderr_line)
@@ -493,13 +495,14 @@ class BundleRunner:
                     await self._last_words(child)
         return ready_at
 
-    def _in_cgroup(self, spec: ChildSpec) -> ChildSpec:
-        """The child's spec with this bundle's cgroup, where the node can make cgroups."""
+    def _here(self, spec: ChildSpec) -> ChildSpec:
+        """The child's spec with the node's bound on its stdin and this bundle's cgroup, if any."""
         cgroups = self._reaper.cgroups if self._reaper is not None else None
-        if cgroups is None or spec.cgroup is not None:
+        cgroup = spec.cgroup or (cgroups.for_bundle(self.key) if cgroups is not None else None)
+        limit = self.spec.health.max_stdin_bytes
+        if spec.cgroup == cgroup and spec.max_stdin_bytes == limit:
             return spec
-        path = cgroups.for_bundle(self.key)
-        return dataclasses.replace(spec, cgroup=path) if path else spec
+        return dataclasses.replace(spec, cgroup=cgroup, max_stdin_bytes=limit)
 
     async def _last_words(self, child: ChildProcess) -> None:
         """A child that never became ready usually said why on stderr: put that in last_error."""

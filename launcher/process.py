@@ -42,6 +42,8 @@ class ChildSpec:
     max_line_bytes: int = 64 * 1024 * 1024
     # Bytes written to the child's stdin that it has not read yet. A child past this does not
     # read its stdin: it is hung, and is killed (without a bound the node grew by GB a second).
+    # Checked before each write: one message larger than the bound still goes to a child that
+    # has read everything before it.
     max_stdin_bytes: int = 32 * 1024 * 1024
     # A cgroup (v2) folder the child starts in (launcher/cgroup.py), where the node can make them.
     cgroup: str | None = None
@@ -247,7 +249,6 @@ class ChildProcess:
         self._loop = asyncio.get_running_loop()
         self.last_output = self._loop.time()
         self._out: list[bytes] = []
-        self._out_size = 0
         self._stdin_limit = spec.max_stdin_bytes
         self._turn_open = False
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -295,11 +296,8 @@ class ChildProcess:
             raise BrokenPipeError("the child's stdin is closed")
         if self._turn_open:
             self._out.append(data)
-            self._out_size += len(data)
-            if self._out_size > self._stdin_limit:
-                self._stdin_full(stdin)
             return
-        if stdin.get_write_buffer_size() + len(data) > self._stdin_limit:
+        if stdin.get_write_buffer_size() > self._stdin_limit:
             self._stdin_full(stdin)
         stdin.write(data)
         self._turn_open = True
@@ -308,22 +306,23 @@ class ChildProcess:
     def _end_turn(self) -> None:
         self._turn_open = False
         if self._out:
-            out, self._out, size, self._out_size = self._out, [], self._out_size, 0
+            out, self._out = self._out, []
             stdin = self._stdin
             if stdin is not None and not stdin.is_closing():
-                if stdin.get_write_buffer_size() + size > self._stdin_limit:
-                    self._broken(self._stdin_full_reason())
+                if stdin.get_write_buffer_size() > self._stdin_limit:
+                    self._stdin_full(stdin, raise_it=False)
                     return
                 stdin.write(b"".join(out))
 
     def _stdin_full_reason(self) -> str:
         return f"does not read its stdin: more than {self._stdin_limit} bytes written to it are unread (killed as hung)"
 
-    def _stdin_full(self, stdin: asyncio.WriteTransport) -> None:
-        self._out, self._out_size = [], 0
+    def _stdin_full(self, stdin: asyncio.WriteTransport, raise_it: bool = True) -> None:
+        self._out = []
         self._broken(self._stdin_full_reason())
         stdin.close()  # nothing more is queued for a child that is being killed
-        raise BrokenPipeError(f"the child {self._stdin_full_reason()}")
+        if raise_it:
+            raise BrokenPipeError(f"the child {self._stdin_full_reason()}")
 
     async def wait(self) -> int:
         """The exit status. Shielded: a cancelled waiter must not cancel the shared future."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from launcher import errors
 from launcher.bundle import HealthPolicy
 from launcher.errors import BundleUnavailable
-from launcher.process import ChildSpec, _Lines
+from launcher.process import ChildProcess, ChildSpec, _Lines
 from launcher.session import Session
 from tests.support.fake_child import Behaviour, RecordingRunner, Script, echo, runner_spec
 
@@ -194,3 +195,34 @@ async def test_item3_a_bundle_that_is_down_is_still_unavailable_not_overloaded(s
     with pytest.raises(BundleUnavailable):
         await runner.begin_when_ready(GREET, b"{}", asyncio.get_running_loop().time() + 1)
     await stop(runner, task)
+
+
+async def _spawn(code: str, limit: int) -> tuple[ChildProcess, list[bytes]]:
+    lines: list[bytes] = []
+    spec = ChildSpec(argv=[sys.executable, "-c", code], cwd="/", env={}, max_stdin_bytes=limit)
+    return await ChildProcess.spawn(spec, lines.append, lambda line: None), lines
+
+
+async def test_item2_a_child_that_does_not_read_its_stdin_is_killed_past_the_bound() -> None:
+    child, _ = await _spawn("import time; time.sleep(60)", 1024 * 1024)
+    message = b"x" * 4095 + b"\n"
+    written = 0
+    with pytest.raises(BrokenPipeError) as full:
+        for _ in range(10_000):  # 40 MB if nothing stopped it
+            child.write(message)
+            written += len(message)
+            await asyncio.sleep(0)  # one message a turn: each write checks what is still unread
+    status = await asyncio.wait_for(child.wait(), 5)
+    child.close()
+    print(f"killed after {written} bytes written to a child that reads nothing")
+    assert "does not read its stdin" in str(full.value) and child.broken_reason is not None
+    assert status == -9 and written < 2 * 1024 * 1024
+
+
+async def test_item2_one_message_larger_than_the_bound_reaches_a_child_that_reads() -> None:
+    code = "import sys; line = sys.stdin.buffer.readline(); print(len(line), flush=True)"
+    child, lines = await _spawn(code, 1024 * 1024)
+    child.write(b"y" * (3 * 1024 * 1024) + b"\n")
+    assert await asyncio.wait_for(child.wait(), 10) == 0
+    child.close()
+    assert lines == [b"%d" % (3 * 1024 * 1024 + 1)] and child.broken_reason is None
