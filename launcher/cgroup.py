@@ -90,6 +90,16 @@ def joiner(cgroup: str) -> Callable[[], None]:
     return join
 
 
+def place(cgroup: str, pid: int) -> None:
+    """Move `pid` into `cgroup` from the node's side: for a child run as another user, whose own
+    join between fork and exec is refused (it has given up root by then). Idempotent."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    except OSError:
+        pass  # it has already ended, or the cgroup is gone
+
+
 def kill(cgroup: str) -> None:
     """SIGKILL every process in the cgroup and below it, at once (the kernel's cgroup.kill)."""
     try:

@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .cgroup import joiner
+from .cgroup import joiner, place
 
 READ_SIZE = 64 * 1024
 PR_SET_PDEATHSIG = 1
@@ -286,6 +286,10 @@ class ChildProcess:
         child._transport = transport
         child._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
         child.pid = transport.get_pid()
+        if spec.cgroup is not None and spec.user is not None:
+            # Run as another user, it could not join by itself (uid changed before the preexec
+            # step): moved right after its exec, before it has done anything much.
+            place(spec.cgroup, child.pid)
         return child
 
     def write(self, data: bytes) -> None:
