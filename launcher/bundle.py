@@ -19,6 +19,7 @@ import anyio
 import msgspec
 
 from .cgroup import kill as kill_cgroup
+from .cgroup import remove as remove_cgroup
 from .errors import (
     WAITED_FOR_SLOT,
     WAITED_FOR_START,
@@ -542,6 +543,8 @@ class BundleRunner:
             self._reaper.unregister(child.pid)
             if self._child_spec is not None and self._child_spec.cgroup:
                 kill_cgroup(self._child_spec.cgroup)  # everything it started, marker or not
+                if self._stopping:
+                    remove_cgroup(self._child_spec.cgroup)  # if still busy, the node's stop removes it
             # Grandchildren that left the group (setsid) still carry the run's marker.
             also = (f"MESH_MODULE={self.spec.module}", f"MESH_BUNDLE={self.spec.name}")
             # And this version's folder: during an upgrade in place the new version's child carries

@@ -130,6 +130,11 @@ def _remove(folder: Path) -> bool:
         return False
 
 
+def remove(cgroup: str) -> bool:
+    """Remove a cgroup's folder now if the kernel has emptied it (no waiting)."""
+    return _remove(Path(cgroup))
+
+
 def members(cgroup: str) -> list[int]:
     """The pids in a cgroup (not below it)."""
     try:

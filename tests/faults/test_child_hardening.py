@@ -240,6 +240,12 @@ async def test_item17_a_grandchild_that_setsids_with_an_empty_environment(
         else:
             print("this machine gives each bundle a cgroup: the escapee died with its bundle")
             assert gone, f"the escapee {escapee} outlived its bundle ({how})"
+            found = re.search(r"each bundle runs in a cgroup of its own under (\S+)", node.log())
+            assert found, node.log()
+            if how == "child restart":
+                node.terminate()
+            # The run's cgroups go with the node, whether it stopped or was killed (the watchdog).
+            await wait_for(lambda: not Path(found.group(1)).exists(), "the run's cgroup folder removed", timeout=5)
     finally:
         if alive(escapee):
             os.kill(escapee, signal.SIGKILL)
