@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import logging
 import random
 import signal
@@ -36,6 +37,7 @@ from .reaper import Reaper, kill_marked
 from .session import Call, Session, Tool
 
 log = logging.getLogger("mesh.bundle")
+_RUNNER_SERIAL = itertools.count(1)
 
 STDERR_TAIL = 50
 # States in which a call waits (inside its deadline) instead of being answered 503 at once.
@@ -190,6 +192,9 @@ class BundleRunner:
         self._on_progress = on_progress  # a child's notifications/progress, for the caller that asked
         self._reaper = reaper
         self.key = spec.key
+        # Its own cgroup per runner, not per bundle: during an in-place upgrade the old runner's
+        # stop kills its cgroup while the new runner's child of the same bundle already serves.
+        self._cgroup_key = f"{self.key}.{next(_RUNNER_SERIAL)}"
         self._on_tools = on_tools
         self.state = "starting"  # from creation: run() is about to start it
         self.tools: dict[str, Tool] = {}
@@ -499,7 +504,7 @@ class BundleRunner:
     def _here(self, spec: ChildSpec) -> ChildSpec:
         """The child's spec with the node's bound on its stdin and this bundle's cgroup, if any."""
         cgroups = self._reaper.cgroups if self._reaper is not None else None
-        cgroup = spec.cgroup or (cgroups.for_bundle(self.key) if cgroups is not None else None)
+        cgroup = spec.cgroup or (cgroups.for_bundle(self._cgroup_key) if cgroups is not None else None)
         limit = self.spec.health.max_stdin_bytes
         if spec.cgroup == cgroup and spec.max_stdin_bytes == limit:
             return spec

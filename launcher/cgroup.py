@@ -4,7 +4,7 @@ A grandchild that leaves the child's process group with setsid() and drops its e
 (so it carries no run marker) escapes the process group kill and the marker scan; it cannot
 leave its cgroup. Where the node's own cgroup is writable (root, or delegated to its user, e.g.
 systemd's `Delegate=yes`) and the kernel has `cgroup.kill` (Linux 5.14), each bundle's child is
-started in `<node's cgroup>/mesh-<run id>/<module>.<bundle>`, and that cgroup is killed whole
+started in `<node's cgroup>/mesh-<run id>/<module>.<bundle>.<runner serial>`, and that cgroup is killed whole
 when the child ends. Elsewhere `Cgroups.create` says why not, and the weaker guarantees hold.
 """
 
