@@ -13,6 +13,7 @@ import msgspec
 
 from .model import (
     ENV_NAME_RE,
+    FAILOVERS,
     KINDS,
     LANGUAGES,
     NAME_RE,
@@ -170,6 +171,18 @@ class _Validator:
                 seen.add(str(name))
             if "stateless" in s and not isinstance(s["stateless"], bool):
                 self.add(f"seat[{i}].stateless", f"is {_shown(s['stateless'])}; write true or false")
+            if "failover" in s:
+                if s["failover"] not in FAILOVERS:
+                    self.add(
+                        f"seat[{i}].failover",
+                        f'is {_shown(s["failover"])}; write "local" (the data lives on '
+                        'the holder\'s disk) or "replicated" (in a store every node reaches)',
+                    )
+                elif s.get("stateless") is True:
+                    self.add(
+                        f"seat[{i}].failover",
+                        "a stateless seat keeps no data to fail over; drop failover, or drop stateless = true",
+                    )
         for i, a in enumerate(self.table_list(data, "artifact")):
             self.artifact(f"artifact[{i}]", a)
         if "description" in data and not isinstance(data["description"], str):

@@ -41,10 +41,18 @@ class BundleManifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_in_flight: int = 256
 
 
+FAILOVERS: tuple[str, ...] = ("local", "replicated")
+
+
 class Seat(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     name: str
-    # A stateless seat may be served by several nodes at once behind the queue group.
+    # A stateless seat may be served by several nodes at once behind the queue group; any
+    # other seat is held by one node in the whole mesh, through a lease.
     stateless: bool = False
+    # Where a stateful seat's data lives: "local", on the holder's disk (it moves only with an
+    # operator's `meshctl seat move`); "replicated", in a store every node reaches (e.g.
+    # JetStream), so a live node takes the seat over by itself when its holder's lease expires.
+    failover: Literal["local", "replicated"] = "local"
 
 
 class Artifact(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

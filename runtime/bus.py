@@ -37,6 +37,10 @@ class BusInfo(msgspec.Struct):
     node: str
     pid: int
     embedded: bool
+    # An embedded bus with caller accounts: the mesh account's user and its password file,
+    # which the local operator's meshctl uses (a file only the node's user reads).
+    user: str | None = None
+    password_file: str | None = None
 
 
 class BusError(Exception):
@@ -103,9 +107,10 @@ def _term_with_parent() -> None:
 class EmbeddedServer:
     """A `nats-server` owned by the node: started with it, ended with it."""
 
-    def __init__(self, state_dir: Path, node: str, port: int) -> None:
+    def __init__(self, state_dir: Path, node: str, port: int, accounts: str | None = None) -> None:
         self.state_dir = state_dir
         self.node = node
+        self.accounts = accounts  # an `accounts { }` block (runtime/accounts.py), or none: one open account
         self.port = port if port and _port_free(port) else free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._proc: asyncio.subprocess.Process | None = None
@@ -128,6 +133,13 @@ class EmbeddedServer:
             "-l",
             str(log_file),
         ]
+        if self.accounts is not None:
+            # Accounts exist only in a config file; it holds passwords, so only the node reads it.
+            conf = self.state_dir / "nats-server.conf"
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.accounts)
+            argv += ["-c", str(conf)]
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,

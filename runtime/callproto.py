@@ -13,6 +13,7 @@ from typing import Mapping
 import msgspec
 
 from .errors import BadRequest
+from .identity import REQUEST_INFO, CallerError, caller_from_info
 
 # --- request headers (caller -> node) --------------------------------------------------------
 CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.cancel.<id>
@@ -21,8 +22,6 @@ PROGRESS = "Mesh-Progress"  # "1": progress and keepalive frames on the reply su
 REQUEST_OBJECT = "Mesh-Request-Object"  # the arguments are in this object of the calls bucket
 KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT)
 
-# Stamped by the NATS server on a request that crossed an account import (share: true).
-REQUEST_INFO = "Nats-Request-Info"
 
 # --- reply headers (node -> caller) ---------------------------------------------------------
 FRAME = "Mesh-Frame"  # on an interim message: "progress" or "keepalive"; a final reply has none
@@ -42,7 +41,6 @@ REQUEST_OBJECT_PREFIX = "req."
 RESULT_OBJECT_PREFIX = "res."
 
 MAX_VALUE = 256  # bytes of one Mesh-* header value
-MAX_REQUEST_INFO = 4096
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_REASON = 200  # characters of a cancel's reason passed on to the child
 
@@ -86,13 +84,6 @@ class CallOptions(msgspec.Struct):
         return min(self.timeout_ms, bundle_timeout_ms)
 
 
-class _RequestInfo(msgspec.Struct):
-    acc: str = ""
-
-
-_decode_info = msgspec.json.Decoder(_RequestInfo).decode
-
-
 def request_account(headers: Mapping[str, str] | None) -> str | None:
     """The account a message came from, by the server's stamp; None: the mesh account itself.
 
@@ -103,15 +94,10 @@ def request_account(headers: Mapping[str, str] | None) -> str | None:
     info = headers.get(REQUEST_INFO)
     if info is None:
         return None
-    if len(info) > MAX_REQUEST_INFO:
-        raise ValueError(f"{REQUEST_INFO} is longer than {MAX_REQUEST_INFO} bytes")
     try:
-        acc = _decode_info(info).acc
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ValueError(f"{REQUEST_INFO} is not the server's JSON stamp ({e})") from None
-    if not acc or len(acc) > MAX_VALUE:
-        raise ValueError(f"{REQUEST_INFO} names no account")
-    return acc
+        return caller_from_info(info).account
+    except CallerError as e:  # one reading of the stamp, the node's (runtime/identity.py)
+        raise ValueError(str(e)) from None
 
 
 def parse_headers(subject: str, headers: Mapping[str, str], has_body: bool) -> CallOptions | None:

@@ -24,6 +24,17 @@ max_artifact_bytes = 1073741824
 max_unpacked_bytes = 4294967296
 max_ratio = 200
 max_members = 200000
+
+[identity]
+local = "ops/alice"                 # the caller of requests from inside the mesh account
+
+[seats]
+lease_ttl_s = 10                    # a dead holder's lease expires after this
+
+[[nats.caller]]                     # embedded bus only: a caller account importing the mesh
+account = "alice"
+user = "alice"
+password = "..."                    # none: generated into <state_dir>/callers/<user>.password
 ```
 """
 
@@ -42,6 +53,18 @@ from manifests.load import name_problem
 from toolchains.artifact import ArtifactLimits
 
 from .calls import CallSettings
+from .identity import check_local
+
+# The embedded bus's own account and the user its nodes connect as.
+MESH_ACCOUNT = "MESH"
+MESH_USER = "mesh-node"
+ACCOUNT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+
+
+class CallerAccount(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    account: str
+    user: str
+    password: str | None = None
 
 
 class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,6 +79,20 @@ class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     tls_key: str | None = None
     # The embedded server's port when no url is set; 0 picks a free one.
     embedded_port: int = 4222
+    # Embedded server only: caller accounts importing the mesh's subjects (see runtime/accounts.py).
+    caller: list[CallerAccount] = []
+
+
+class IdentityConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # The caller of a request from inside the mesh account: "account" or "account/user";
+    # default the OS user running the node.
+    local: str | None = None
+
+
+class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # How long a stateful seat's lease lives without renewal: a dead holder's seat frees after it.
+    # Fixed when the lease bucket is made; a node finding another value uses the bucket's.
+    lease_ttl_s: float = 10.0
 
 
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -75,6 +112,8 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     health: HealthPolicy = msgspec.field(default_factory=HealthPolicy)
     calls: CallSettings = msgspec.field(default_factory=CallSettings)  # the bus call protocol (docs/bus.md)
     delivery: ArtifactLimits = msgspec.field(default_factory=ArtifactLimits)
+    identity: IdentityConfig = msgspec.field(default_factory=IdentityConfig)
+    seats: SeatsConfig = msgspec.field(default_factory=SeatsConfig)
 
 
 class ConfigError(Exception):
@@ -108,6 +147,9 @@ def load_config(path: str | Path | None) -> NodeConfig:
             config = msgspec.convert(data, NodeConfig)
         except msgspec.ValidationError as e:
             raise ConfigError(f"{path}: {e}") from None
+        problem = _problem(config)
+        if problem:
+            raise ConfigError(f"{path}: {problem}")
     return config
 
 
@@ -124,6 +166,30 @@ def node_name_from_host(host: str) -> str:
     if not name:
         return "node"
     return name if name[0].isalpha() else "n" + name
+
+
+def _problem(config: NodeConfig) -> str | None:
+    """What msgspec cannot say about a config: values that parse but cannot be used."""
+    if config.identity.local is not None and (why := check_local(config.identity.local)):
+        return f"identity.local: {why}"
+    if not 1 <= config.seats.lease_ttl_s <= 3600:
+        return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
+    seen: set[str] = set()
+    for i, c in enumerate(config.nats.caller):
+        for field, value in (("account", c.account), ("user", c.user)):
+            if not ACCOUNT_NAME_RE.match(value):
+                return f'nats.caller[{i}].{field}: is {value!r}; write a name of letters, digits, - and _, e.g. "alice"'
+        if c.account.upper() == MESH_ACCOUNT or c.user == MESH_USER:
+            return f"nats.caller[{i}]: {MESH_ACCOUNT} and {MESH_USER} are the mesh's own; name the caller otherwise"
+        if c.user in seen:
+            return f"nats.caller[{i}].user: {c.user!r} is used twice; one user names one caller"
+        seen.add(c.user)
+        if config.nats.url:
+            return (
+                f"nats.caller[{i}]: caller accounts are written into the embedded server's config; with "
+                "nats.url set, configure accounts on that server (see README, Who is calling)"
+            )
+    return None
 
 
 def finish(config: NodeConfig) -> NodeConfig:

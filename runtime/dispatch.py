@@ -32,6 +32,7 @@ from .errors import (
     Unavailable,
     render,
 )
+from .identity import CallerError, CallerStamp, local_caller
 from .routes import Route, RouteTable
 
 log = logging.getLogger("mesh.dispatch")
@@ -47,9 +48,13 @@ class Dispatcher:
     about three times as much per call, and the hot path pays it on every request.
     """
 
-    def __init__(self, nc: Client, table: RouteTable, node: str, desk: CallDesk | None = None) -> None:
+    def __init__(
+        self, nc: Client, table: RouteTable, node: str, desk: CallDesk | None = None, stamp: CallerStamp | None = None
+    ) -> None:
         self.nc = nc
         self.desk = desk  # the call protocol's options (Mesh-* headers, docs/bus.md); None: headers are not read
+        # The caller each tools/call carries in _meta["mesh/caller"]; by default the OS user, local.
+        self.stamp = stamp or CallerStamp(local_caller(None))
         self.table = table
         self.node = node
         self.in_flight = 0
@@ -127,11 +132,14 @@ class Dispatcher:
         try:
             if call is None:
                 return route.bundle.begin(
-                    route.tool_json, self._checked(route, msg.data), self.deadline(msg, arrived, route.bundle)
+                    route.tool_json,
+                    self._checked(route, msg.data),
+                    self.deadline(msg, arrived, route.bundle),
+                    self._caller_meta(msg),
                 )
             timeout_ms = call.options.timeout_for(route.bundle.spec.timeout_ms)
             data = self._checked(route, msg.data)
-            meta = call_meta(b"", call)
+            meta = call_meta(self._caller_meta(msg), call)
             return route.bundle.begin(
                 route.tool_json, data, self.deadline(msg, arrived, route.bundle, call), meta, timeout_ms
             )
@@ -153,9 +161,9 @@ class Dispatcher:
                     whose = "caller" if 0 < timeout_ms < bundle.spec.timeout_ms else "bundle"
                     raise TimedOut(msg.subject, bundle.start_timed_out(msg.subject, timeout_ms), whose)
             route = self.table.resolve(msg.subject)
-        data, meta, timeout_ms = msg.data, b"", route.bundle.spec.timeout_ms
+        data, meta, timeout_ms = msg.data, self._caller_meta(msg), route.bundle.spec.timeout_ms
         if call is not None:
-            meta, timeout_ms = call_meta(b"", call), call.options.timeout_for(timeout_ms)
+            meta, timeout_ms = call_meta(meta, call), call.options.timeout_for(timeout_ms)
             if call.options.request_object is not None and self.desk is not None:
                 data = await self.desk.objects.take(route.subject, call.options.request_object)
         data = self._checked(route, data)
@@ -271,6 +279,13 @@ class Dispatcher:
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
                 self._idle.set()
+
+    def _caller_meta(self, msg: Msg) -> bytes:
+        """The `_meta` of this call: the server-stamped caller, never anything from the body."""
+        try:
+            return self.stamp.for_headers(msg.headers)
+        except CallerError as e:
+            raise BadRequest(msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
 
     def _checked(self, route: Route, data: bytes) -> bytes:
         """The body as it goes to the child, or BadRequest naming what is wrong."""

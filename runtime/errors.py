@@ -203,3 +203,26 @@ class NodeStopping(NodeError):
     def __init__(self, subject: str, node: str) -> None:
         self.subject, self.node = subject, node
         super().__init__(f"{subject}: node {node} stopped before the call finished; it was cancelled in the bundle")
+
+
+class SeatUnavailable(NodeError):
+    """A stateful seat (or its module's own tool) asked of a node that must not serve it."""
+
+    code, kind = 503, "seat_unavailable"
+
+    def __init__(
+        self, subject: str, seat: str, module: str, node: str, holder: str, why: str, ways_out: list[str]
+    ) -> None:
+        self.subject, self.seat, self.module, self.node = subject, seat, module, node
+        self.holder, self.why, self.ways_out = holder, why, ways_out
+        super().__init__(f"seat {seat} is unavailable: {why}; node {node} does not serve it from an empty store")
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "seat": self.seat,
+            "module": self.module,
+            "node": self.node,
+            "holder": self.holder,
+            "ways_out": self.ways_out,
+        }

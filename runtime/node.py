@@ -27,14 +27,17 @@ from launcher.process import use_pidfd_child_watcher
 from launcher.reaper import Reaper, kill_marked
 from manifests import BundleManifest
 
+from .accounts import EmbeddedAccounts
 from .bus import BusError, BusInfo, EmbeddedServer, connect, redact, write_bus_info
 from .calls import CallDesk
 from .config import NatsConfig, NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
+from .identity import CallerStamp, local_caller
 from .placement import Placement, data_dir, runner_spec
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
-from .service import Service, collect_infos
+from .seats import Seats, SeatStatus, stateful_seats
+from .service import Service
 
 log = logging.getLogger("mesh.node")
 
@@ -51,13 +54,6 @@ def protect_environment() -> bool:
         return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux: nothing to set
         return False
-
-
-class SeatStatus(msgspec.Struct):
-    seat: str
-    module: str
-    state: str  # held | refused
-    reason: str = ""
 
 
 class ModuleStatus(msgspec.Struct):
@@ -87,7 +83,6 @@ class Node:
         self.table = RouteTable(self.name)
         self.problems: list[str] = []
         self.delivery_problems: dict[str, str] = {}
-        self.seats: dict[str, SeatStatus] = {}
         self.sources: dict[str, str] = {}
         self.url = ""
         self.nc: Client | None = None
@@ -98,7 +93,8 @@ class Node:
         self.reaper = Reaper(self.run_id)
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
-        self._held_elsewhere: dict[str, str] | None = None  # seat -> node, while the start adds modules
+        self.seats = Seats(self.name, config, self.table, self.run_id, self._subscribe, self._unsubscribe)
+        self._accounts: EmbeddedAccounts | None = None  # the embedded bus's caller accounts, when configured
         self._bundles_tg: anyio.abc.TaskGroup | None = None
         self._prestarted: dict[str, list[BundleRunner]] = {}  # started before the bus answered
         self._stop = anyio.Event()
@@ -119,10 +115,26 @@ class Node:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         embedded: EmbeddedServer | None = None
         if not self.config.nats.url:
-            embedded = EmbeddedServer(self.state_dir, self.name, self.config.nats.embedded_port)
+            if self.config.nats.caller:
+                self._accounts = EmbeddedAccounts(self.state_dir, self.config.nats.caller)
+            accounts = self._accounts
+            embedded = EmbeddedServer(
+                self.state_dir,
+                self.name,
+                self.config.nats.embedded_port,
+                accounts.server_config() if accounts else None,
+            )
             await embedded.start()
             self.url = embedded.url
             nats_cfg = msgspec.structs.replace(self.config.nats, url=embedded.url)
+            if accounts is not None:
+                nats_cfg = msgspec.structs.replace(nats_cfg, user=accounts.mesh_user, password=accounts.mesh_password)
+                log.info(
+                    "embedded bus accounts: mesh (nodes, password in %s) and callers %s; caller passwords generated in %s",
+                    accounts.mesh_password_file,
+                    ", ".join(f"{a}/{u}" for a, u, _ in accounts.callers),
+                    ", ".join(str(p) for p in accounts.generated) or "none",
+                )
             log.info(
                 "embedded NATS server (JetStream on) listening on %s, state in %s",
                 embedded.url,
@@ -131,6 +143,12 @@ class Node:
         else:
             nats_cfg = self.config.nats
             self.url = redact(self.config.nats.url)  # status, logs and the banner never show credentials
+            if self.config.nats.caller:
+                log.warning(
+                    "nats.caller is for the embedded bus; on %s, configure the callers' accounts on that server "
+                    "(README, Who is calling)",
+                    self.url,
+                )
         try:
             await self.reaper.start()
             await self._serve(nats_cfg, placements or [])
@@ -183,7 +201,15 @@ class Node:
                     refused.append(e)
                 if self.nc is not None:
                     embedded = not self.config.nats.url
-                    info = BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=embedded)
+                    accounts = self._accounts
+                    info = BusInfo(
+                        url=self.url,
+                        node=self.name,
+                        pid=os.getpid(),
+                        embedded=embedded,
+                        user=accounts.mesh_user if accounts else None,
+                        password_file=str(accounts.mesh_password_file) if accounts else None,
+                    )
                     write_bus_info(self.state_dir, info)  # without credentials, 0600
                     await self._serve_bus(placements)
             finally:
@@ -212,7 +238,9 @@ class Node:
     async def _serve_bus(self, placements: list[Placement]) -> None:
         assert self.nc is not None
         self.desk = CallDesk(self.nc, self.config.calls)
-        self.dispatcher = Dispatcher(self.nc, self.table, self.name, self.desk)
+        self.dispatcher = Dispatcher(
+            self.nc, self.table, self.name, self.desk, CallerStamp(local_caller(self.config.identity.local))
+        )
         self.service = Service(
             self.nc,
             node=self.name,
@@ -223,15 +251,14 @@ class Node:
         async with anyio.create_task_group() as watchers_tg:
             await self.service.start()
             await self.desk.start(self.config.queue_group)
+            assert self._bundles_tg is not None
+            self.seats.serve(self.nc, self.service.id, self._bundles_tg)
             await self._start_control()
-            # Every child starts at once; the seats follow one look at the bus for them all.
+            # Every child starts at once; the seats (one lease look each) follow.
             for placement in placements:
                 await self.add_module(placement, claim_seats=False)
-            if any(not s.stateless for p in placements for s in p.loaded.module.seat):
-                self._held_elsewhere = await self._seats_held_elsewhere()
             for placement in placements:
                 await self._claim_seats(placement, None)
-            self._held_elsewhere = None  # modules delivered later ask again
             if self.config.membership:
                 reconciler = Reconciler(
                     self.nc,
@@ -258,6 +285,7 @@ class Node:
             with anyio.move_on_after(self.config.drain_timeout_s):
                 await self.dispatcher.wait_idle()
             await self.dispatcher.cancel_all()  # what is left is answered 503 "node stopping"
+            await self.seats.close()  # leases released: a successor need not wait for them to expire
             watchers_tg.cancel_scope.cancel()
 
     # --- modules --------------------------------------------------------------------------
@@ -267,9 +295,11 @@ class Node:
         old = self.table.modules.get(module.name)
         prestarted = self._prestarted.pop(module.name, None)
         bundles = prestarted or [self._runner(placement, spec) for spec in module.tools_bundles()]
-        entry = ModuleEntry(module.name, module.version, bundles, declared_seats=module.seat_names())
+        entry = ModuleEntry(
+            module.name, module.version, bundles, declared_seats=module.seat_names(), stateful=stateful_seats(placement)
+        )
         if old is not None:
-            self._release_seats(old)
+            self.seats.release(old)
         self.table.modules[module.name] = entry
         self.sources[module.name] = str(placement.loaded.root)
         assert self._bundles_tg is not None, "add_module is called while the node serves"
@@ -277,7 +307,7 @@ class Node:
             self._bundles_tg.start_soon(bundle.run)  # children start while the seats are looked at
         if claim_seats:
             await self._claim_seats(placement, old)
-        await self._subscribe(f"{TOOL_PREFIX}{module.name}.>")
+        await self.seats.own_tools(entry)
         self.table.rebuild()
         if old is not None:
             # The old version answers what it holds, then goes; new calls already wait for the new one.
@@ -287,19 +317,13 @@ class Node:
                 await bundle.finished.wait()
 
     async def _claim_seats(self, placement: Placement, old: ModuleEntry | None) -> None:
-        module = placement.loaded.module
-        entry = self.table.modules[module.name]
-        wanted = module.seat_names() if placement.seats is None else placement.seats
-        for seat in wanted:
-            await self._claim_seat(entry, seat, stateless=any(s.stateless for s in module.seat if s.name == seat))
-        for seat in old.seats if old is not None else []:
-            if seat not in entry.seats:
-                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
+        entry = self.table.modules[placement.loaded.module.name]
+        await self.seats.claim(placement, entry, old)
         self.table.rebuild()
         log.info(
             "module %s %s: %d tools bundles, seats held: %s",
-            module.name,
-            module.version,
+            entry.name,
+            entry.version,
             len(entry.bundles),
             entry.seats or "none",
         )
@@ -317,11 +341,6 @@ class Node:
             on_progress=self._progress,
         )
 
-    def _release_seats(self, entry: ModuleEntry) -> None:
-        for seat in entry.seats:
-            self.table.seat_holders.pop(seat, None)
-            self.seats.pop(seat, None)
-
     async def remove_module(self, name: str) -> None:
         entry = self.table.modules.get(name)
         if entry is None:
@@ -329,7 +348,8 @@ class Node:
         await self._unsubscribe(f"{TOOL_PREFIX}{name}.>")
         for seat in entry.seats:
             await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
-        self._release_seats(entry)
+        self.seats.release(entry)
+        await self.seats.close_keepers(name, keep=set())
         del self.table.modules[name]
         self.table.rebuild()
         for bundle in entry.bundles:
@@ -337,51 +357,6 @@ class Node:
             await bundle.stop()
             await bundle.finished.wait()
         self.sources.pop(name, None)
-
-    async def _claim_seat(self, entry: ModuleEntry, seat: str, stateless: bool) -> None:
-        holder = self.table.seat_holders.get(seat)
-        if holder is not None:
-            reason = f"module {holder} already holds seat {seat} on node {self.name}; one holder per seat per node"
-            self._refuse_seat(seat, entry.name, reason)
-            return
-        if not stateless:
-            other = await self._seat_held_elsewhere(seat)
-            if other is not None:
-                reason = (
-                    f"node {other} already serves seat {seat}, which keeps state: a second holder would write "
-                    "into a second, unconnected store; the membership must name one holding node"
-                )
-                self._refuse_seat(seat, entry.name, reason)
-                return
-        self.table.seat_holders[seat] = entry.name
-        entry.seats.append(seat)
-        self.seats[seat] = SeatStatus(seat, entry.name, "held")
-        await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
-
-    def _refuse_seat(self, seat: str, module: str, reason: str) -> None:
-        log.error("seat %s: claim of module %s refused: %s", seat, module, reason)
-        key = seat if seat not in self.seats else f"{seat}#{module}"
-        self.seats[key] = SeatStatus(seat, module, "refused", reason)
-
-    async def _seat_held_elsewhere(self, seat: str) -> str | None:
-        """The node that holds this seat, if another one does; at start, from one look for all seats."""
-        held = self._held_elsewhere if self._held_elsewhere is not None else await self._seats_held_elsewhere()
-        return held.get(seat)
-
-    async def _seats_held_elsewhere(self) -> dict[str, str]:
-        """Ask every node on the bus (Service API INFO) which seats it holds: seat -> node.
-
-        The answers are awaited for 0.3 s: asked once per seat, 35 modules with a seat each would
-        hold the node's start for ten seconds; the node asks once for all its placements."""
-        assert self.nc is not None and self.service is not None
-        held: dict[str, str] = {}
-        for info in await collect_infos(self.nc, 0.3):
-            if info.get("id") == self.service.id:
-                continue
-            meta = info.get("metadata") or {}
-            for seat in filter(None, (meta.get("seats") or "").split(",")):
-                held.setdefault(seat, str(meta.get("node") or info.get("id")))
-        return held
 
     def _delivery_report(self, module: str, problem: str | None) -> None:
         if problem is None:
@@ -425,6 +400,7 @@ class Node:
         base = f"mesh.node.{self.name}"
         self._control.append(await self.nc.subscribe(f"{base}.status", cb=self._on_status))
         self._control.append(await self.nc.subscribe(f"{base}.restart", cb=self._on_restart))
+        self._control.append(await self.nc.subscribe(f"{base}.seat-move", cb=self.seats.on_move))
 
     def status(self) -> NodeStatus:
         bundles = [b.status() for m in self.table.modules.values() for b in m.bundles]
@@ -437,7 +413,7 @@ class Node:
                 ModuleStatus(m.name, m.version, self.sources.get(m.name, "")) for m in self.table.modules.values()
             ],
             bundles=bundles,
-            seats=list(self.seats.values()),
+            seats=list(self.seats.status.values()),
             problems=list(self.problems)
             + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()]
             + self.table.problems(),
@@ -478,5 +454,4 @@ class Node:
             await msg.respond(msgspec.json.encode(reply))
 
     def _metadata(self) -> dict[str, str]:
-        held = sorted(s.seat for s in self.seats.values() if s.state == "held")
-        return {"node": self.name, "seats": ",".join(held)}
+        return {"node": self.name, "seats": ",".join(self.seats.held())}

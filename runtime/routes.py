@@ -85,6 +85,11 @@ class ModuleEntry:
     seats: list[str] = field(default_factory=list)  # seats this module holds on this node
     # The seats its module.toml declares ([[seat]]); None: not known, nothing is checked.
     declared_seats: list[str] | None = None
+    stateful: set[str] = field(default_factory=set)  # its seats held through a lease (runtime/seat_keeper.py)
+
+    def serves_own_tools(self) -> bool:
+        # Its own tools share the store of its stateful seats: served only where it holds them all.
+        return self.stateful <= set(self.seats)
 
 
 class RouteTable:
@@ -117,10 +122,13 @@ class RouteTable:
         undeclared: dict[tuple[str, str], str] = {}
         for entry in self.modules.values():
             held = set(entry.seats)
+            own = entry.serves_own_tools()
             for bundle in entry.bundles:
                 for tool in bundle.tools.values():
                     seat_verb = split_seat_tool(tool.name)
                     if seat_verb is None:
+                        if not own:
+                            continue  # its stateful seat is held elsewhere: so is its store
                         subject, kind = tool_subject(entry.name, tool.name), "tool"
                     elif seat_verb[0] in held:
                         subject, kind = seat_subject(*seat_verb), "seat"

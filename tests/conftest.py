@@ -11,8 +11,9 @@ from tests.support.mesh import NatsServer, NodeProcess
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    # One bus per test: seat leases and homes are mesh-wide state that must not leak between tests.
     server = NatsServer(tmp_path_factory.mktemp("nats")).start()
     yield server
     server.stop()

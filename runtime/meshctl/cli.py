@@ -13,10 +13,12 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 import anyio
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
@@ -29,6 +31,7 @@ from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_nam
 from runtime.delivery import DeliveryError
 from runtime.meshctl.call import run_call
 from runtime.meshctl.deliver import deliver, remove
+from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
 from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
 from runtime.meshctl.smoke import run_smoke
 from runtime.meshctl.units import (
@@ -179,10 +182,20 @@ def cmd_node_status(args: argparse.Namespace) -> int:
         )
     _table(rows)
     for s in status["seats"]:
-        print(f"seat {s['seat']}: {s['state']} by {s['module']}" + (f" ({s['reason']})" if s["reason"] else ""))
+        print(_seat_line(s))
     for p in status["problems"]:
         print(f"problem: {p}")
     return 0
+
+
+def _seat_line(s: dict[str, Any]) -> str:
+    if s["state"] == "held":
+        return f"seat {s['seat']}: held by {s['module']}"
+    if s["state"] == "elsewhere":
+        return (
+            f"seat {s['seat']}: held by node {s.get('holder') or '?'}, not here (module {s['module']}): {s['reason']}"
+        )
+    return f"seat {s['seat']}: {s['state']} for module {s['module']}" + (f": {s['reason']}" if s["reason"] else "")
 
 
 def cmd_node_restart(args: argparse.Namespace) -> int:
@@ -350,6 +363,65 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_seat_list(args: argparse.Namespace) -> int:
+    cfg, _ = client_config(args)
+
+    async def run() -> list[Any]:
+        async with _bus(cfg) as nc:
+            return await seat_rows(nc)
+
+    rows = anyio.run(run)
+    if args.json:
+        print(json.dumps([msgspec.to_builtins(r) for r in rows], indent=2))
+        return 0
+    table = [("SEAT", "HOLDER", "MODULE", "HELD FOR", "DATA ON")]
+    for r in rows:
+        held_for = f"{time.time() - r.since:.0f} s" if r.holder else "-"
+        table.append((r.seat, r.holder or "(free)", r.module, held_for, r.home or "(replicated or none)"))
+    _table(table)
+    return 0
+
+
+def cmd_seat_adopt(args: argparse.Namespace) -> int:
+    cfg, _ = client_config(args)
+
+    async def run() -> tuple[Any, str]:
+        async with _bus(cfg) as nc:
+            try:
+                return await adopt(nc, args.seat, args.node)
+            except SeatAdminError as e:
+                raise CliError(str(e), code=1) from None
+
+    record, before = anyio.run(run)
+    print(
+        f"seat {args.seat}: its data is node {record.node}'s now (was {before or 'none'}); node {record.node} "
+        "takes the seat with whatever its data folder holds"
+    )
+    return 0
+
+
+def cmd_seat_move(args: argparse.Namespace) -> int:
+    cfg, _ = client_config(args)
+
+    async def run() -> dict[str, Any]:
+        async with _bus(cfg) as nc:
+            try:
+                return await move(nc, args.seat, args.to, args.timeout)
+            except SeatAdminError as e:
+                raise CliError(str(e), code=1) from None
+
+    reply = anyio.run(run)
+    print(f"seat {args.seat}: data moved from node {reply['from']} to node {reply['to']} ({reply['object']})")
+    if not reply["held"]:
+        print(
+            f"node {args.to} does not hold the seat yet: it takes it (with the data) at its next start or look; "
+            f"see `meshctl node status --name {args.to}`"
+        )
+        return 1
+    print(f"node {args.to} holds seat {args.seat} now")
+    return 0
+
+
 def cmd_smoke(args: argparse.Namespace) -> int:
     bundles = Path(args.bundles) if args.bundles else None
     if bundles is None:
@@ -460,6 +532,24 @@ def parser() -> argparse.ArgumentParser:
     remove.add_argument("modules", nargs="+", metavar="MODULE")
     remove.add_argument("--node", help="the node (default: the local one)")
     remove.set_defaults(func=cmd_bundle_remove)
+    seat = verbs.add_parser("seat", help="stateful seats: who holds each, where its data lives")
+    seat_verbs = seat.add_subparsers(dest="seat_verb", required=True)
+    seat_list = seat_verbs.add_parser("list", help="every seat with a lease or a home", parents=[bus])
+    seat_list.add_argument("--json", action="store_true")
+    seat_list.set_defaults(func=cmd_seat_list)
+    seat_adopt = seat_verbs.add_parser(
+        "adopt", help="say that NODE holds a disk-backed seat's data now (copied, or gone for good)", parents=[bus]
+    )
+    seat_adopt.add_argument("seat")
+    seat_adopt.add_argument("--node", required=True, help="the node that takes the seat with its own data folder")
+    seat_adopt.set_defaults(func=cmd_seat_adopt)
+    seat_move = seat_verbs.add_parser("move", help="move a disk-backed seat and its data to NODE", parents=[bus])
+    seat_move.add_argument("seat")
+    seat_move.add_argument("--to", required=True, metavar="NODE")
+    seat_move.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds for the move and for NODE to take the seat"
+    )
+    seat_move.set_defaults(func=cmd_seat_move)
     smoke = verbs.add_parser(
         "smoke", help="build, deliver and call every hello-<language> bundle on a fresh local node"
     )

@@ -93,4 +93,15 @@ def client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
             f"no local node found (no running node's bus.json in {state}); start one with `meshctl node run` "
             "or name the bus with --nats URL"
         )
-    return msgspec.structs.replace(cfg, url=info.url), info.node
+    cfg = msgspec.structs.replace(cfg, url=info.url)
+    if info.password_file and not (cfg.user or cfg.token or cfg.creds or cfg.nkey_seed):
+        # The local bus has accounts: the operator of this machine speaks from the mesh account.
+        try:
+            password = Path(info.password_file).read_text().strip()
+        except OSError as e:
+            raise CliError(
+                f"the local bus has accounts and {info.password_file} cannot be read ({e.strerror}); "
+                "run as the node's user, or call as a caller with --user and --password"
+            ) from None
+        cfg = msgspec.structs.replace(cfg, user=info.user, password=password)
+    return cfg, info.node

@@ -6,7 +6,7 @@ garbage_flood (after the handshake: writes lines that are not JSON-RPC without p
 no ping). RAW_SINGLE=1: `sleep` runs on the one thread that reads stdin (a single-threaded child).
 RAW_EXIT_DELAY: seconds the child lingers after its stdin closes before it exits.
 Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
-mirror, whoami, trickle, hold, progress.
+mirror, whoami, trickle, hold, progress, meta (the call's params._meta, as the node sent it).
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
 RAW_CALL_LOG: a file the child appends "<unix time> started|cancelled|answered <request id> [reason]"
 to (the hold tool and every notifications/cancelled), so a test sees what reached the child and when.
@@ -68,6 +68,7 @@ TOOLS = [
         "inputSchema": {"type": "object"},
     },
     {"name": "whoami", "description": "The node and pid serving this call", "inputSchema": {"type": "object"}},
+    {"name": "meta", "description": "The params._meta this call carried", "inputSchema": {"type": "object"}},
     {
         "name": "trickle",
         "description": "Write one answer slowly, a chunk at a time, over some seconds",
@@ -307,7 +308,16 @@ def main() -> None:
                 sys.stdout.write("noise on stdout\n")
             if MODE == "garbage":
                 garbage()
-            if name in ("sleep", "trickle", "hold", "progress") and not os.environ.get("RAW_SINGLE"):
+            if name == "meta":
+                meta = params.get("_meta")
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": rid,
+                        "result": text_result(json.dumps(meta), {"_meta": meta, "arguments": args}),
+                    }
+                )
+            elif name in ("sleep", "trickle", "hold", "progress") and not os.environ.get("RAW_SINGLE"):
                 threading.Thread(target=call, args=(rid, name, args, params.get("_meta")), daemon=True).start()
             else:
                 call(rid, name, args)

@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 
 from runtime.dispatch import Dispatcher
 from runtime.errors import HEADER_CODE
+from runtime.identity import CallerStamp
 from runtime.routes import ModuleEntry, RouteTable
 from tests.support.fake_child import Behaviour, RecordingRunner, Script, runner_spec
 
@@ -29,9 +30,9 @@ class Bus:
 
 
 class Mesh:
-    def __init__(self, bus: Bus, table: RouteTable, runner: RecordingRunner) -> None:
+    def __init__(self, bus: Bus, table: RouteTable, runner: RecordingRunner, stamp: CallerStamp | None = None) -> None:
         self.bus, self.table, self.runner = bus, table, runner
-        self.dispatcher = Dispatcher(bus, table, "node-a")  # type: ignore[arg-type]
+        self.dispatcher = Dispatcher(bus, table, "node-a", stamp=stamp)  # type: ignore[arg-type]
         self._n = 0
         self.task: asyncio.Task[None] | None = None
 
@@ -43,11 +44,14 @@ class Mesh:
         self.start()
         await self.runner.reach("ready")
 
-    async def ask(self, subject: str, body: bytes = b"{}") -> tuple[Any, str | None]:
+    async def ask(
+        self, subject: str, body: bytes = b"{}", headers: dict[str, str] | None = None
+    ) -> tuple[Any, str | None]:
         """One request; its reply's JSON body and its error code (None: a result)."""
         self._n += 1
         reply = f"_INBOX.{self._n}"
-        self.dispatcher.start(Msg(None, subject=subject, reply=reply, data=body))  # type: ignore[arg-type]
+        msg = Msg(None, subject=subject, reply=reply, data=body, headers=headers)  # type: ignore[arg-type]
+        self.dispatcher.start(msg)
         async with asyncio.timeout(3):
             while reply not in self.bus.replies:
                 self.bus.answered.clear()
@@ -56,17 +60,25 @@ class Mesh:
         return json.loads(data), (headers or {}).get(HEADER_CODE)
 
 
-@pytest.fixture
-async def mesh(script: Script):
-    bus = Bus()
+def new_mesh(timeout_ms: int = 300, stamp: CallerStamp | None = None) -> Mesh:
+    """Module m with one fake-child runner, not started, and a dispatcher over it."""
     table = RouteTable("node-a")
-    runner = RecordingRunner(runner_spec(timeout_ms=300), on_tools=lambda r: table.rebuild())
+    runner = RecordingRunner(runner_spec(timeout_ms=timeout_ms), on_tools=lambda r: table.rebuild())
     table.modules["m"] = ModuleEntry("m", "1.0.0", [runner])
-    mesh = Mesh(bus, table, runner)
-    yield mesh
-    await runner.stop()
+    return Mesh(Bus(), table, runner, stamp)
+
+
+async def end(mesh: Mesh) -> None:
+    await mesh.runner.stop()
     if mesh.task is not None:
         await asyncio.wait_for(mesh.task, 2)
+
+
+@pytest.fixture
+async def mesh(script: Script):
+    mesh = new_mesh()
+    yield mesh
+    await end(mesh)
 
 
 async def test_a_call_to_a_ready_bundle_is_answered_with_the_childs_result(mesh: Mesh) -> None:

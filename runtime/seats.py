@@ -1,0 +1,271 @@
+"""The seats of the modules on one node: held here, refused, or held elsewhere.
+
+A stateless seat (and a second claimant on this node) is decided here at once; a stateful one
+is held through its lease by a `SeatKeeper` (runtime/seat_keeper.py), whose every change of mind
+comes back to `changed`: the seat's subjects, and its module's own tools (they share its
+store), are subscribed only while the module holds all its stateful seats here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio.abc
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from manifests import Seat
+
+from .config import NodeConfig
+from .lease import HomeRecord, SeatLeases
+from .placement import Placement, data_dir
+from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
+from .seat_keeper import SeatKeeper
+from .seat_move import export_seat, import_seat, needs_import
+
+log = logging.getLogger("mesh.node")
+
+Subscribe = Callable[[str], Awaitable[None]]
+
+
+class SeatStatus(msgspec.Struct):
+    seat: str
+    module: str
+    state: str  # held | elsewhere (another node holds it) | refused | starting
+    reason: str = ""
+    holder: str = ""  # the node that holds it, when another one does
+    home: str = ""  # the node whose disk holds its data, when that is not this one
+
+
+def stateful_seats(placement: Placement) -> set[str]:
+    """The seats this placement holds through a lease: every wanted seat not declared stateless."""
+    module = placement.loaded.module
+    wanted = module.seat_names() if placement.seats is None else placement.seats
+    return {s.name for s in module.seat if s.name in wanted and not s.stateless}
+
+
+class Seats:
+    """Every seat claim on this node, and the keepers of its stateful seats."""
+
+    def __init__(
+        self,
+        node: str,
+        config: NodeConfig,
+        table: RouteTable,
+        run_id: str,
+        subscribe: Subscribe,
+        unsubscribe: Subscribe,
+    ) -> None:
+        self.node, self.config, self.table, self.run_id = node, config, table, run_id
+        self.state_dir = Path(config.state_dir)
+        self._subscribe, self._unsubscribe = subscribe, unsubscribe
+        self.status: dict[str, SeatStatus] = {}
+        self.keepers: dict[str, SeatKeeper] = {}  # stateful seat -> its lease keeper on this node
+        self.leases: SeatLeases | None = None
+        self.nc: Client | None = None
+        self.service_id = ""
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def serve(self, nc: Client, service_id: str, tg: anyio.abc.TaskGroup) -> None:
+        """The bus, this node's Service API id (named in its leases) and where keepers run."""
+        self.nc, self.service_id, self._tg = nc, service_id, tg
+
+    def held(self) -> list[str]:
+        return sorted(s.seat for s in self.status.values() if s.state == "held")
+
+    async def claim(self, placement: Placement, entry: ModuleEntry, old: ModuleEntry | None) -> None:
+        module = placement.loaded.module
+        wanted = module.seat_names() if placement.seats is None else placement.seats
+        for seat in wanted:
+            declared = next((s for s in module.seat if s.name == seat), None)
+            await self._claim(entry, seat, declared)
+        for seat in old.seats if old is not None else []:
+            if seat not in entry.seats:
+                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
+        await self.close_keepers(module.name, keep=set(wanted))
+        await self.own_tools(entry)
+
+    def release(self, entry: ModuleEntry) -> None:
+        """Forget what this module holds here (it goes, or its new version claims again)."""
+        for seat in entry.seats:
+            self.table.seat_holders.pop(seat, None)
+            self.status.pop(seat, None)
+
+    async def _claim(self, entry: ModuleEntry, seat: str, declared: Seat | None) -> None:
+        holder = self.table.seat_holders.get(seat)
+        keeper = self.keepers.get(seat)
+        other = (
+            holder
+            if holder not in (None, entry.name)
+            else (keeper.module if keeper and keeper.module != entry.name else None)
+        )
+        if other is not None:
+            reason = f"module {other} already holds seat {seat} on node {self.node}; one holder per seat per node"
+            entry.stateful.discard(seat)
+            self._refuse(seat, entry.name, reason)
+            return
+        if declared is None or declared.stateless:
+            self.table.seat_holders[seat] = entry.name
+            entry.seats.append(seat)
+            self.status[seat] = SeatStatus(seat, entry.name, "held")
+            await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+            return
+        if keeper is not None:  # the same module again (an upgrade): the lease stays, the entry is new
+            await self.changed(keeper)
+            return
+        await self._start_keeper(entry, seat, declared.failover)
+
+    async def _start_keeper(self, entry: ModuleEntry, seat: str, failover: str) -> None:
+        """A stateful seat is held through its lease, looked at once now and then kept."""
+        assert self.nc is not None and self._tg is not None, "seats are claimed while the node serves"
+        try:
+            if self.leases is None:
+                self.leases = await SeatLeases.open(self.nc, self.config.seats.lease_ttl_s)
+        except Exception as e:  # no JetStream on this bus: no lease, so no stateful seat
+            # Its module's own tools stay unserved too (entry.stateful keeps the seat): they share its store.
+            self._refuse(
+                seat,
+                entry.name,
+                f"the seat lease bucket cannot be opened ({type(e).__name__}: {e}); "
+                "a stateful seat needs JetStream on the bus",
+            )
+            return
+        keeper = SeatKeeper(
+            self.nc,
+            self.leases,
+            seat=seat,
+            module=entry.name,
+            node=self.node,
+            service_id=self.service_id,
+            run_id=self.run_id,
+            failover=failover,
+            queue_group=self.config.queue_group,
+            subjects=[f"{SEAT_PREFIX}{seat}.>", f"{TOOL_PREFIX}{entry.name}.>"],
+            on_change=self.changed,
+            prepare_home=lambda home: self._take_in_data(seat, home),
+        )
+        self.keepers[seat] = keeper
+        self.status[seat] = SeatStatus(seat, entry.name, "starting")
+        try:
+            await keeper.look()
+        except Exception as e:  # the loop looks again
+            log.warning("seat %s: first look at its lease failed (%s); trying again", seat, e)
+        self._tg.start_soon(keeper.run)
+
+    async def _take_in_data(self, seat: str, home: HomeRecord) -> None:
+        """Data moved to this node by `meshctl seat move` comes in before the seat is held."""
+        keeper = self.keepers.get(seat)
+        entry = self.table.modules.get(keeper.module) if keeper else None
+        if entry is None or self.nc is None or not needs_import(self.state_dir, seat, home):
+            return
+        await import_seat(
+            self.nc,
+            seat=seat,
+            home=home,
+            state_dir=self.state_dir,
+            data_dir=data_dir(self.state_dir, entry.name),
+            bundles=list(entry.bundles),
+            owner=(self.config.child_user, self.config.child_group),
+            ready_timeout_s=self.config.health.init_timeout_s * 3,
+        )
+
+    async def on_move(self, msg: Msg) -> None:
+        """`meshctl seat move`: step down, pack the seat's data, name the new home; the answer says how it went."""
+        try:
+            ask = msgspec.json.decode(msg.data or b"{}", type=dict[str, str])
+            seat, to = ask.get("seat", ""), ask.get("to", "")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            seat, to = "", ""
+        keeper = self.keepers.get(seat)
+        entry = self.table.modules.get(keeper.module) if keeper else None
+        reply: dict[str, Any]
+        if keeper is None or entry is None or not to or not self.leases or self.nc is None:
+            reply = {
+                "ok": False,
+                "error": f"node {self.node} has no stateful seat {seat!r} to move "
+                f"(seats with a lease here: {', '.join(self.keepers) or 'none'}); name a target with --to",
+            }
+        else:
+            keeper.hold_off = True
+            try:
+                await keeper.step_down(f"its data is being moved to node {to}")
+                record = await export_seat(
+                    self.nc,
+                    self.leases,
+                    seat=seat,
+                    module=entry.name,
+                    node=self.node,
+                    to=to,
+                    data_dir=data_dir(self.state_dir, entry.name),
+                    bundles=list(entry.bundles),
+                    drain_timeout_s=self.config.drain_timeout_s,
+                )
+                reply = {"ok": True, "seat": seat, "from": self.node, "to": to, "object": record.data}
+            except Exception as e:  # the home did not change: this node takes the seat back
+                log.error("seat %s: move to node %s failed: %s", seat, to, e)
+                reply = {
+                    "ok": False,
+                    "error": f"moving seat {seat} to node {to} failed: {e}; it stays on node {self.node}",
+                }
+            finally:
+                keeper.hold_off = False
+        if msg.reply:
+            await msg.respond(msgspec.json.encode(reply))
+
+    async def changed(self, keeper: SeatKeeper) -> None:
+        """A keeper's word: serve the seat (and its module's own tools) here, or stop at once."""
+        entry = self.table.modules.get(keeper.module)
+        if entry is None:
+            return
+        seat = keeper.seat
+        if keeper.state == "held":
+            self.table.seat_holders[seat] = entry.name
+            if seat not in entry.seats:
+                entry.seats.append(seat)
+            self.status[seat] = SeatStatus(seat, entry.name, "held")
+            self.table.rebuild()
+            await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+        else:
+            if seat in entry.seats:
+                entry.seats.remove(seat)
+                self.table.seat_holders.pop(seat, None)
+            self.status[seat] = SeatStatus(seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home)
+            self.table.rebuild()  # routes first: a call still queued on the subscription is refused
+            await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
+        await self.own_tools(entry)
+
+    async def own_tools(self, entry: ModuleEntry) -> None:
+        """A module's own tools share the store of its stateful seats: served only where it holds them all."""
+        subject = f"{TOOL_PREFIX}{entry.name}.>"
+        if entry.serves_own_tools():
+            await self._subscribe(subject)
+        else:
+            self.table.rebuild()
+            await self._unsubscribe_quietly(subject)
+        self.table.rebuild()
+
+    async def _unsubscribe_quietly(self, subject: str) -> None:
+        try:
+            await self._unsubscribe(subject)
+        except Exception as e:  # a broken bus: the subscription is gone with the connection
+            log.warning("could not unsubscribe %s: %s", subject, e)
+
+    async def close_keepers(self, module: str, keep: set[str]) -> None:
+        for seat, keeper in list(self.keepers.items()):
+            if keeper.module == module and seat not in keep:
+                del self.keepers[seat]
+                await keeper.close()
+                self.status.pop(seat, None)
+
+    def _refuse(self, seat: str, module: str, reason: str) -> None:
+        log.error("seat %s: claim of module %s refused: %s", seat, module, reason)
+        key = seat if seat not in self.status else f"{seat}#{module}"
+        self.status[key] = SeatStatus(seat, module, "refused", reason)
+
+    async def close(self) -> None:
+        """A clean stop: every lease released, so a successor need not wait for it to expire."""
+        for keeper in list(self.keepers.values()):
+            await keeper.close()
