@@ -207,7 +207,7 @@ async def test_a_replicated_seat_is_taken_over_by_a_live_node(tmp_path: Path, na
             assert a.terminate() == 0
         else:
             a.kill()
-        body = await wait_answer(nc, "mesh.seat.echo.say", 200, timeout=TTL_S + 5, args={"who": "b"})
+        body = await wait_answer(nc, "mesh.seat.echo.say", 200, timeout=TTL_S * 3 + 10, args={"who": "b"})
         took = time.monotonic() - started
         assert body["structuredContent"] == {"who": "b"}
         assert (await seat_of(nc, "b"))["state"] == "held"
