@@ -228,6 +228,17 @@ def cap_socket_reads(nc: Client, size: int = 64 * 1024) -> None:
         transport.max_size = size
 
 
+def _drop_torn_connection_leftovers(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A one-shot command's loop: a socket error left in a future of nats-py's after a refused or
+    closed connection is not news (the command already said why it could not connect, seen as a
+    stray "Future exception was never retrieved ... ConnectionResetError" after a refused login)."""
+    if context.get("message", "").startswith("Future exception was never retrieved") and isinstance(
+        context.get("exception"), OSError
+    ):
+        return
+    loop.default_exception_handler(context)
+
+
 async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     """Connect, or raise BusError naming why not.
 
@@ -283,6 +294,8 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
         elif not quiet:
             log.warning("bus: %s", e)
 
+    if quiet:
+        asyncio.get_running_loop().set_exception_handler(_drop_torn_connection_leftovers)
     nc = Client()
     attempt = asyncio.ensure_future(
         nc.connect(
