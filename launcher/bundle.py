@@ -1,26 +1,22 @@
 """One tools bundle's lifecycle: start, handshake, serve calls, health, restart, give up.
 
 States: starting -> ready -> (child exits) -> starting again at once, then backoff with jitter;
-too many restarts in the window -> failed, until an operator resets it; stopped at the end.
+too many restarts in the window -> failed, until an operator resets it; an operator's restart of a
+ready bundle shows `restarting` (calls ride over it); stopped at the end. The loop itself is
+launcher/supervise.py, shared with the services the node runs; this module keeps what is MCP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import itertools
 import logging
-import random
-import signal
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import anyio
 import msgspec
 
-from .cgroup import kill as kill_cgroup
-from .cgroup import remove as remove_cgroup
 from .errors import (
     WAITED_FOR_SLOT,
     WAITED_FOR_START,
@@ -33,25 +29,18 @@ from .errors import (
 )
 from .logbudget import LogBudget
 from .process import ChildProcess, ChildSpec
-from .reaper import Reaper, kill_marked
+from .reaper import Reaper
+from .restart import RestartPolicy
 from .session import Call, Session, Tool
+from .supervise import STDERR_TAIL, Supervised, describe_exit
 
 log = logging.getLogger("mesh.bundle")
-_RUNNER_SERIAL = itertools.count(1)
 
-STDERR_TAIL = 50
+# Shared with the service supervisor; kept importable from here for the launcher's users.
+__all__ = ["STDERR_TAIL", "BundleRunner", "HealthPolicy", "LogBudget", "RestartPolicy", "RunnerSpec", "describe_exit"]
+
 # States in which a call waits (inside its deadline) instead of being answered 503 at once.
 STARTING_STATES = ("starting", "restarting")
-
-
-class RestartPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """When a child that ended is started again; also the `[restart]` table of the node's config."""
-
-    max_restarts: int = 5  # within window_s; one more and the bundle is failed
-    window_s: float = 60.0
-    backoff_initial_s: float = 0.25
-    backoff_max_s: float = 30.0
-    stable_after_s: float = 10.0  # a child that served this long starts again at once
 
 
 class HealthPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,15 +92,8 @@ class BundleStatus(msgspec.Struct):
     in_flight: int
     calls: int
     stderr_tail: list[str]
-
-
-def describe_exit(status: int) -> str:
-    if status < 0:
-        try:
-            return f"killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"killed by signal {-status}"
-    return f"exit code {status}"
+    kind: str = "tools"  # tools | service
+    runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
 
 
 class Pending:
@@ -178,8 +160,8 @@ class _Slots:
         self.used -= 1
 
 
-class BundleRunner:
-    """A supervised child. `run()` is owned by the node's task group; `call()` by a request."""
+class BundleRunner(Supervised):
+    """A supervised tools child. `run()` is owned by the node's task group; `call()` by a request."""
 
     def __init__(
         self,
@@ -188,36 +170,17 @@ class BundleRunner:
         reaper: Reaper | None = None,
         on_progress: Callable[[BundleRunner, msgspec.Raw], None] | None = None,
     ) -> None:
+        super().__init__(spec.module, spec.name, spec.restart, spec.child, spec.prepare, reaper)
         self.spec = spec
         self._on_progress = on_progress  # a child's notifications/progress, for the caller that asked
-        self._reaper = reaper
-        self.key = spec.key
-        # Its own cgroup per runner, not per bundle: during an in-place upgrade the old runner's
-        # stop kills its cgroup while the new runner's child of the same bundle already serves.
-        self._cgroup_key = f"{self.key}.{next(_RUNNER_SERIAL)}"
         self._on_tools = on_tools
-        self.state = "starting"  # from creation: run() is about to start it
         self.tools: dict[str, Tool] = {}
-        self.pid: int | None = None
-        self.restarts = 0
         self.calls = 0
-        self.last_exit: str | None = None
-        self.last_error: str | None = None
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
         self._session: Session | None = None
-        self._child: ChildProcess | None = None
         self._slots = _Slots(spec.max_in_flight, spec.max_waiting, spec.max_waiting_bytes)
-        self._changed = asyncio.Event()
-        self._wake = asyncio.Event()  # reset or stop requested
         self._relist = asyncio.Event()
-        self._stopping = False
-        self._restart_requested = False
-        self._recent: collections.deque[float] = collections.deque()
-        self._failures = 0
-        self._log_budget = LogBudget(self.key, "stderr lines")
         self._call_timed_out_at = float("-inf")  # loop clock: the last call the child did not answer in time
-        self._child_spec: ChildSpec | None = None if spec.prepare else spec.child
-        self.finished = asyncio.Event()  # run() has ended: its child is gone
+        self._stdin_limit = spec.health.max_stdin_bytes
 
     # --- calls ----------------------------------------------------------------------------
     def begin(
@@ -323,26 +286,15 @@ class BundleRunner:
     # --- operator -------------------------------------------------------------------------
     def request_restart(self) -> None:
         """Operator's reset: a failed bundle starts again; a running one is restarted."""
-        self._restart_requested = True
-        if self.state == "ready":
-            self._set_state("restarting")  # status says so; new calls wait for the new child
-        if self.spec.prepare is not None and self.state == "failed":
-            self._child_spec = None  # build again: the operator may have fixed the source
-        self._recent.clear()
-        self._failures = 0
-        self._wake.set()
+        super().request_restart()
         if self._child is not None and self._child.running:
-            self._child.close_stdin()
+            self._child.close_stdin()  # the MCP way to say "exit"
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most `timeout`) until no call is in flight on this bundle."""
         with anyio.move_on_after(timeout):
             while self._slots.used > 0:
                 await anyio.sleep(0.01)
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
 
     def status(self) -> BundleStatus:
         return BundleStatus(
@@ -361,117 +313,19 @@ class BundleRunner:
             stderr_tail=list(self.stderr_tail),
         )
 
-    # --- supervision ----------------------------------------------------------------------
-    def _set_state(self, state: str) -> None:
-        self.state = state
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    async def run(self) -> None:
-        """Supervise until stop(); never raises for anything a child does."""
-        policy = self.spec.restart
-        loop = asyncio.get_running_loop()
-        try:
-            while not self._stopping:
-                if self._child_spec is None and not await self._prepare():
-                    await self._sleep_until_woken(None)
-                    continue
-                ready_at = await self._run_once()
-                if self._stopping:
-                    break
-                if self._restart_requested:
-                    self._restart_requested = False
-                    self.restarts += 1
-                    continue
-                now = loop.time()
-                if ready_at is not None and now - ready_at >= policy.stable_after_s:
-                    self._failures = 0
-                self._recent.append(now)
-                while self._recent and now - self._recent[0] > policy.window_s:
-                    self._recent.popleft()
-                if len(self._recent) > policy.max_restarts:
-                    self._set_state("failed")
-                    log.error(
-                        "bundle %s failed: %d restarts within %.0f s; last exit: %s; last error: %s; "
-                        "it stays down until `meshctl node restart %s`",
-                        self.key,
-                        len(self._recent) - 1,
-                        policy.window_s,
-                        self.last_exit,
-                        self.last_error,
-                        self.key,
-                    )
-                    await self._sleep_until_woken(None)
-                    continue
-                delay = 0.0
-                if self._failures > 0:
-                    base = min(policy.backoff_max_s, policy.backoff_initial_s * 2 ** (self._failures - 1))
-                    delay = base * random.uniform(0.5, 1.0)
-                self._failures += 1
-                if delay > 0:
-                    self._set_state("backoff")
-                    log.warning("bundle %s restarts in %.2f s (%s)", self.key, delay, self.last_exit)
-                    await self._sleep_until_woken(delay)
-                if not self._stopping:
-                    self.restarts += 1
-        finally:
-            self._set_state("stopped")
-            self.finished.set()
-
-    async def _prepare(self) -> bool:
-        assert self.spec.prepare is not None
-        self._set_state("building")
-        failure: Exception | None = None
-        # A stop or an operator restart interrupts the build at once (it is not waited out).
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_stop, tg.cancel_scope)
-            try:
-                self._child_spec = await self.spec.prepare()
-            except Exception as e:  # a build's failure is the bundle's, never the node's
-                failure = e
-            tg.cancel_scope.cancel()
-        if failure is not None:
-            self.last_error = f"could not be built: {failure}"
-            self._set_state("failed")
-            log.error("bundle %s %s; fix it, then `meshctl node restart %s`", self.key, self.last_error, self.key)
-        return self._child_spec is not None
-
-    async def _sleep_until_woken(self, delay: float | None) -> None:
-        self._wake.clear()
-        if self._stopping:
-            return
-        if self._restart_requested:
-            self._restart_requested = False  # asked for already: no sleep, and consumed here
-            return
-        with anyio.move_on_after(delay):
-            await self._wake.wait()
-        if self._restart_requested:
-            self._restart_requested = False
-
+    # --- one life of the child --------------------------------------------------------
     async def _run_once(self) -> float | None:
         """Start one child and serve until it exits. Returns when it became ready, if it did."""
-        self._set_state("starting")
         spec = self.spec
-        assert self._child_spec is not None
-        self._child_spec = child_spec = self._here(self._child_spec)
         session = Session(self.key, self._notification)
-        try:
-            child = await ChildProcess.spawn(child_spec, session.feed, self._stderr_line)
-        except OSError as e:
-            self.last_error = f"cannot start {child_spec.argv[0]}: {e.strerror or e}"
-            self.last_exit = "did not start"
-            log.error("bundle %s: %s", self.key, self.last_error)
+        child = await self._spawn(session.feed)
+        if child is None:
             return None
         session.attach(child.write)
-        if self._reaper is not None:
-            self._reaper.register(child.pid)
-        self._child, self.pid = child, child.pid
         ready_at: float | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_exit, child, tg.cancel_scope)
-                # From the first line on: a stop or restart does not wait out the handshake.
-                tg.start_soon(self._watch_stop, tg.cancel_scope)
+                self._watch(tg, child)  # from the first line on: a stop or restart does not wait out the handshake
                 try:
                     await session.initialize(spec.health.init_timeout_s)
                     tools = await session.list_tools(spec.health.init_timeout_s)
@@ -501,63 +355,16 @@ class BundleRunner:
                     await self._last_words(child)
         return ready_at
 
-    def _here(self, spec: ChildSpec) -> ChildSpec:
-        """The child's spec with the node's bound on its stdin and this bundle's cgroup, if any."""
-        cgroups = self._reaper.cgroups if self._reaper is not None else None
-        cgroup = spec.cgroup or (cgroups.for_bundle(self._cgroup_key) if cgroups is not None else None)
-        limit = self.spec.health.max_stdin_bytes
-        if spec.cgroup == cgroup and spec.max_stdin_bytes == limit:
-            return spec
-        return dataclasses.replace(spec, cgroup=cgroup, max_stdin_bytes=limit)
-
-    async def _last_words(self, child: ChildProcess) -> None:
-        """A child that never became ready usually said why on stderr: put that in last_error."""
-        with anyio.move_on_after(0.2):
-            await asyncio.shield(child.stderr_closed)
-        if self.stderr_tail:
-            last = self.stderr_tail[-1].strip()
-            base = (self.last_error or "").split("; it said: ")[0]
-            if last and last not in base:
-                self.last_error = f"{base}; it said: {last}" if base else f"it said: {last}"
-
-    async def _watch_exit(self, child: ChildProcess, scope: anyio.CancelScope) -> None:
-        await child.wait()
-        scope.cancel()
-
-    async def _watch_stop(self, scope: anyio.CancelScope) -> None:
-        while not (self._stopping or self._restart_requested):
-            self._wake.clear()
-            await self._wake.wait()
-        scope.cancel()
-
     async def _end_child(self, child: ChildProcess, session: Session) -> None:
         if child.running:
             status = await child.stop(self.spec.health.stop_grace_s)
         else:
             status = await child.wait()
-        self.last_exit = describe_exit(status)
-        if child.broken_reason:
-            self.last_error = child.broken_reason
         self._session = None
-        self.pid = None
-        self._child = None
+        self.last_exit = describe_exit(status)
         # Calls in flight learn now, not at their timeout.
         session.close(self.unavailable(f"the child ended ({self.last_exit})"))
-        child.close()
-        if self._reaper is not None:
-            self._reaper.unregister(child.pid)
-            if self._child_spec is not None and self._child_spec.cgroup:
-                kill_cgroup(self._child_spec.cgroup)  # everything it started, marker or not
-                if self._stopping:
-                    remove_cgroup(self._child_spec.cgroup)  # if still busy, the node's stop removes it
-            # Grandchildren that left the group (setsid) still carry the run's marker.
-            also = (f"MESH_MODULE={self.spec.module}", f"MESH_BUNDLE={self.spec.name}")
-            # And this version's folder: during an upgrade in place the new version's child carries
-            # the same module and bundle, and must not be killed with the old one's leftovers.
-            folder = self.spec.child.env.get("MESH_BUNDLE_DIR")
-            kill_marked(self._reaper.marker, (*also, f"MESH_BUNDLE_DIR={folder}") if folder else also)
-        if not self._stopping and not self._restart_requested:
-            log.warning("bundle %s: child %d ended: %s", self.key, child.pid, self.last_exit)
+        self._forget_child(child, status)
 
     async def _health(self, child: ChildProcess, session: Session) -> None:
         h = self.spec.health
@@ -616,12 +423,6 @@ class BundleRunner:
     def _set_tools(self, tools: list[Tool]) -> None:
         self.tools = {t.name: t for t in tools}
         self._on_tools(self)
-
-    def _stderr_line(self, line: bytes) -> None:
-        text = line.decode("utf-8", "replace").rstrip("\r")
-        self.stderr_tail.append(text)
-        if self._log_budget.take():
-            log.info("[%s] %s", self.key, text)
 
 
 def _reason(e: Exception) -> str:

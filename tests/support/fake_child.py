@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
-from launcher import bundle as bundle_module
+from launcher import supervise as supervise_module
 from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerSpec
 from launcher.process import ChildSpec
 
@@ -225,5 +225,5 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Script:
     """The children the launcher starts in this test, in order; every one is a FakeChild."""
     s = Script()
     monkeypatch.setattr(FakeChild, "script", s, raising=False)
-    monkeypatch.setattr(bundle_module, "ChildProcess", FakeChild)
+    monkeypatch.setattr(supervise_module, "ChildProcess", FakeChild)  # every supervised child spawns there
     return s
