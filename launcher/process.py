@@ -348,10 +348,14 @@ class ChildProcess:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    async def stop(self, grace: float = 2.0) -> int:
-        """Close stdin (the MCP way to say "exit"), then SIGTERM, then SIGKILL, to the group."""
+    async def stop(self, grace: float = 2.0, *, ask_first: bool = True) -> int:
+        """Close stdin (the MCP way to say "exit"), then SIGTERM, then SIGKILL, to the group.
+
+        Without `ask_first` (a service, which reads nothing from the node) SIGTERM goes at once."""
         self.close_stdin()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not ask_first:
+            self.signal_group(signal.SIGTERM)
+        for sig in (signal.SIGTERM, signal.SIGKILL) if ask_first else (signal.SIGKILL,):
             try:
                 await asyncio.wait_for(asyncio.shield(self.exited), grace)
                 break

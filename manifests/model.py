@@ -36,6 +36,8 @@ class BundleManifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     env: dict[str, str] = {}
     # Names of the node's own environment variables this bundle is given; nothing else passes.
     pass_env: list[str] = []
+    # tools: the time a call may take before 504; step: the time the step may run before it is
+    # killed and its version refused; service: unused.
     timeout_ms: int = 30_000
     # Calls in flight on one child at once; more wait their turn inside their timeout.
     max_in_flight: int = 256
@@ -74,6 +76,12 @@ class Module(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     def tools_bundles(self) -> list[BundleManifest]:
         return [b for b in self.bundle if b.kind == "tools"]
+
+    def service_bundles(self) -> list[BundleManifest]:
+        return [b for b in self.bundle if b.kind == "service"]
+
+    def step_bundles(self) -> list[BundleManifest]:
+        return [b for b in self.bundle if b.kind == "step"]
 
     def seat_names(self) -> list[str]:
         return [s.name for s in self.seat]

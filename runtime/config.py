@@ -35,6 +35,9 @@ lease_ttl_s = 10                    # a dead holder's lease expires after this
 account = "alice"
 user = "alice"
 password = "..."                    # none: generated into <state_dir>/callers/<user>.password
+
+[services]
+host = "auto"                       # auto | node | systemd: who runs service bundles
 ```
 """
 
@@ -45,6 +48,7 @@ import re
 import socket
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -95,6 +99,15 @@ class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     lease_ttl_s: float = 10.0
 
 
+class ServicesConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """How the node runs service bundles (runtime/hosting.py)."""
+
+    # auto: as systemd units where systemd runs the machine and unit_dir is writable, else
+    # supervised by the node itself; node / systemd: that one (systemd without systemd is named).
+    host: Literal["auto", "node", "systemd"] = "auto"
+    unit_dir: str = "/etc/systemd/system"
+
+
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str = ""
     state_dir: str = ""
@@ -114,6 +127,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     delivery: ArtifactLimits = msgspec.field(default_factory=ArtifactLimits)
     identity: IdentityConfig = msgspec.field(default_factory=IdentityConfig)
     seats: SeatsConfig = msgspec.field(default_factory=SeatsConfig)
+    services: ServicesConfig = msgspec.field(default_factory=ServicesConfig)
 
 
 class ConfigError(Exception):

@@ -27,6 +27,7 @@ from manifests.model import KINDS, LANGUAGES, SEAT_NAME_RE
 from toolchains.artifact import ArtifactError, ArtifactLimits, is_sha256, read_meta, sha256_file, verify_and_unpack
 
 from .placement import Placement
+from .steps import StepFailed
 
 log = logging.getLogger("mesh.delivery")
 
@@ -239,7 +240,7 @@ class Reconciler:
                 self._refuse(name, ref, e)
 
     def _refuse(self, name: str, ref: ModuleRef | bytes, e: Exception) -> None:
-        known = (DeliveryError, ArtifactError, ManifestError)
+        known = (DeliveryError, ArtifactError, ManifestError, StepFailed)
         reason = str(e) if isinstance(e, known) else f"{type(e).__name__}: {e}"
         label = module_label(name)
         if isinstance(ref, bytes):
@@ -338,7 +339,7 @@ class Reconciler:
         refuse_own_image(loaded)
         if loaded.module.name != name:
             raise DeliveryError(f"the manifest delivered as {name} names module {loaded.module.name}")
-        for b in loaded.module.tools_bundles():
+        for b in loaded.module.bundle:  # tools, service and step bundles alike
             if b.name not in dirs:
                 raise DeliveryError(f"bundle {b.name} of {name} {ref.version} was not delivered")
         return Placement(loaded, dirs, build_env, seats=list(ref.seats))

@@ -33,11 +33,13 @@ from .calls import CallDesk
 from .config import NatsConfig, NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
+from .hosting import Hosted, ServiceHost
 from .identity import CallerStamp, local_caller
 from .placement import Placement, data_dir, runner_spec
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
 from .seats import Seats, SeatStatus, stateful_seats
 from .service import Service
+from .steps import StepFailed
 
 log = logging.getLogger("mesh.node")
 
@@ -91,6 +93,7 @@ class Node:
         self.service: Service | None = None
         self.run_id = uuid.uuid4().hex[:16]
         self.reaper = Reaper(self.run_id)
+        self.hosting = ServiceHost(config, self.run_id, self.reaper)  # service and step bundles
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
         self.seats = Seats(self.name, config, self.table, self.run_id, self._subscribe, self._unsubscribe)
@@ -191,6 +194,8 @@ class Node:
         refused: list[BusError] = []
         async with anyio.create_task_group() as bundles_tg:
             self._bundles_tg = bundles_tg
+            # Steps first (once per version): a module whose step fails is named, and not served.
+            placements = [p for p in placements if await self._steps_pass(p)]
             # The children start before the bus is reached: a bus that is down delays calls, not starts.
             for placement in placements:
                 self._prestart(placement)
@@ -218,6 +223,7 @@ class Node:
                         b for bs in self._prestarted.values() for b in bs
                     ]:
                         await bundle.stop()
+                    await self.hosting.stop_all()
         if refused:
             raise refused[0]
         if self.nc is not None and self.service is not None:
@@ -290,7 +296,10 @@ class Node:
 
     # --- modules --------------------------------------------------------------------------
     async def add_module(self, placement: Placement, claim_seats: bool = True) -> None:
-        """Serve a module; a module already served is upgraded in place, its calls ridden over."""
+        """Serve a module; a module already served is upgraded in place, its calls ridden over.
+
+        Its steps run first: StepFailed refuses the version before anything is touched."""
+        await self.hosting.run_steps(placement)
         module = placement.loaded.module
         old = self.table.modules.get(module.name)
         prestarted = self._prestarted.pop(module.name, None)
@@ -315,6 +324,16 @@ class Node:
                 await bundle.drain(self.config.drain_timeout_s)
                 await bundle.stop()
                 await bundle.finished.wait()
+        await self.hosting.place(placement, self._bundles_tg)  # an old version's services stop first
+
+    async def _steps_pass(self, placement: Placement) -> bool:
+        """A module served from source at start: its steps ran (or had run); one that failed is named."""
+        try:
+            await self.hosting.run_steps(placement)
+            return True
+        except StepFailed as e:
+            self.problems.append(str(e))
+            return False
 
     async def _claim_seats(self, placement: Placement, old: ModuleEntry | None) -> None:
         entry = self.table.modules[placement.loaded.module.name]
@@ -356,6 +375,7 @@ class Node:
             await bundle.drain(self.config.drain_timeout_s)
             await bundle.stop()
             await bundle.finished.wait()
+        await self.hosting.remove(name)
         self.sources.pop(name, None)
 
     def _delivery_report(self, module: str, problem: str | None) -> None:
@@ -403,7 +423,7 @@ class Node:
         self._control.append(await self.nc.subscribe(f"{base}.seat-move", cb=self.seats.on_move))
 
     def status(self) -> NodeStatus:
-        bundles = [b.status() for m in self.table.modules.values() for b in m.bundles]
+        bundles = [b.status() for m in self.table.modules.values() for b in m.bundles] + self.hosting.statuses()
         return NodeStatus(
             node=self.name,
             url=self.url,
@@ -430,14 +450,16 @@ class Node:
             wanted = msgspec.json.decode(msg.data or b"{}").get("bundle", "")
         except (msgspec.DecodeError, AttributeError):
             wanted = ""
+        runners: list[BundleRunner | Hosted] = [b for m in self.table.modules.values() for b in m.bundles]
+        runners += self.hosting.all()
         matches = [
             b
-            for m in self.table.modules.values()
-            for b in m.bundles
-            if wanted in (b.key, b.spec.module) or (wanted and b.spec.name == wanted and "/" not in wanted)
+            for b in runners
+            if wanted in (b.key, b.key.split("/")[0])
+            or (wanted and b.key.split("/")[1] == wanted and "/" not in wanted)
         ]
         if len(matches) != 1:
-            known = [b.key for m in self.table.modules.values() for b in m.bundles]
+            known = [b.key for b in runners]
             reply: dict[str, Any] = {
                 "ok": False,
                 "error": f"bundle {wanted!r} "

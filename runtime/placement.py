@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from launcher.bundle import RunnerSpec
 from launcher.env import EntryNotFound, child_env, resolve_argv
@@ -47,8 +48,12 @@ def data_dir(state_dir: Path | str, module: str) -> Path:
     return Path(state_dir) / "data" / module
 
 
-def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, run_id: str) -> RunnerSpec:
-    """How the node runs one tools bundle of a placement: its child, timeouts and policies.
+def child_of(
+    placement: Placement, spec: BundleManifest, config: NodeConfig, run_id: str
+) -> tuple[ChildSpec, Callable[[], Awaitable[ChildSpec]] | None]:
+    """What the node runs for one bundle of a placement, whatever its kind: the child (argv,
+    folder, environment, user) and, for compiled code served from source, the build that
+    gives the child to run. One environment contract for tools, service and step bundles.
 
     `config` is the node's, finished (name and state folder set); `run_id` marks every child of
     this run of the node, so the reaper finds what a child leaves behind.
@@ -76,8 +81,15 @@ def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, 
     )
     env[MARKER_VAR] = run_id
     child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
+    prepare = preparer(placement.loaded, spec, config.state_dir, child) if built_first else None
+    return child, prepare
+
+
+def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, run_id: str) -> RunnerSpec:
+    """How the node runs one tools bundle of a placement: its child, timeouts and policies."""
+    child, prepare = child_of(placement, spec, config, run_id)
     return RunnerSpec(
-        module=module.name,
+        module=placement.loaded.module.name,
         name=spec.name,
         language=spec.language,
         child=child,
@@ -85,7 +97,7 @@ def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, 
         max_in_flight=spec.max_in_flight,
         restart=config.restart,
         health=config.health,
-        prepare=preparer(placement.loaded, spec, config.state_dir, child) if built_first else None,
+        prepare=prepare,
     )
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from manifests import load_module
-from runtime.meshctl.units import (
+from runtime.placement import from_source
+from runtime.units import (
     NODE_UNIT,
     UnitError,
     build_services,
@@ -28,7 +29,6 @@ from runtime.meshctl.units import (
     service_units,
     unit_name,
 )
-from runtime.placement import from_source
 from toolchains.base import ToolchainMissing
 
 REPO = Path(__file__).resolve().parent.parent

@@ -34,7 +34,10 @@ from runtime.meshctl.deliver import deliver, remove
 from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
 from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
 from runtime.meshctl.smoke import run_smoke
-from runtime.meshctl.units import (
+from runtime.node import Node
+from runtime.placement import Placement, load_placements
+from runtime.service import collect_infos
+from runtime.units import (
     NODE_UNIT,
     SYSTEM_STATE_DIR,
     UnitError,
@@ -44,9 +47,6 @@ from runtime.meshctl.units import (
     service_units,
     write_node_unit,
 )
-from runtime.node import Node
-from runtime.placement import Placement, load_placements
-from runtime.service import collect_infos
 from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import BuildError, build_module, find_repo_root
@@ -212,7 +212,7 @@ def cmd_node_restart(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- node unit(s): systemd units (runtime/meshctl/units.py) ------------------------------------
+# --- node unit(s): systemd units (runtime/units.py) ---------------------------------------------
 def cmd_node_unit(args: argparse.Namespace) -> int:
     """`meshctl node unit`: print mesh-node.service, or write it into --out."""
     config = node_config(args)

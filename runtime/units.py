@@ -1,7 +1,9 @@
 """systemd units: the node runtime's own unit, and one unit per `service` bundle.
 
 Record 0188 point 3: a bundle of kind `service` is a process the host runs as a unit, in
-whatever language it is written. The node does not supervise it; systemd does. What the unit
+whatever language it is written. One generator for `meshctl node units` (units written ahead)
+and for the node itself where it runs under systemd (runtime/hosting.py writes, starts and
+removes the unit of each service bundle it places); here systemd supervises, not the node. What the unit
 gives the process mirrors what the launcher gives a tools child: the bundle folder as working
 directory, the entry resolved the same way (`python`/`python3` -> the node's own interpreter,
 `node` -> the machine's Node.js, anything else a file inside the bundle) and the MESH_*
@@ -298,7 +300,8 @@ def service_unit(
     header = (
         f"{unit_name(module.name, spec.name)}: service bundle {spec.name} of module {module.name} "
         f"{module.version} ({spec.language}), run by the host (record 0188 point 3).\n"
-        f"From {loaded.path}. Written by `meshctl node units`; write it again rather than edit it."
+        f"From {loaded.path}. Written by `meshctl node units` or the node placing the module; "
+        "write it again rather than edit it."
     )
     return _render(
         [
