@@ -205,10 +205,20 @@ class ServiceHost:
         self.choice = choose_host(config.services)
         self.modules: dict[str, list[Hosted]] = {}
         self._said = False
+        self._steps_done: set[tuple[str, str, tuple[str, ...]]] = set()  # placements whose steps passed in this run
 
     async def run_steps(self, placement: Placement) -> list[str]:
-        """The version's steps not yet run; StepFailed refuses the version (nothing was touched)."""
-        return await run_steps(placement, self.config, self.run_id, self.reaper)
+        """The version's steps not yet run; StepFailed refuses the version (nothing was touched).
+
+        Delivery runs them before it replaces the running version, and the node again when it
+        places it: the second time is a no-op, without even a look at the records."""
+        module = placement.loaded.module
+        key = (module.name, module.version, tuple(str(placement.dirs[b.name]) for b in module.step_bundles()))
+        if key in self._steps_done:
+            return []
+        ran = await run_steps(placement, self.config, self.run_id, self.reaper)
+        self._steps_done.add(key)
+        return ran
 
     async def place(self, placement: Placement, tg: anyio.abc.TaskGroup) -> None:
         """Start the module's services; those of a version it replaces stop first."""

@@ -116,7 +116,7 @@ def test_memory_is_served_and_its_data_survives_child_kill_and_node_restart(tmp_
 
 def upgraded(artifact: Path, out: Path, version: str) -> Path:
     """The same bundle as a new version: unpacked, its version changed, packed by the project's packer."""
-    stage = out / f"stage-{version}"
+    stage = out / f"stage-{version}-{artifact.name}"
     meta = verify_and_unpack(artifact, stage)
     manifest = meta.manifest.replace(f'version = "{meta.version}"', f'version = "{version}"', 1)
     return pack(stage, msgspec.structs.replace(meta, version=version, manifest=manifest), out)
@@ -130,15 +130,17 @@ async def module_version(nc, node: str) -> str | None:
 def test_memory_data_survives_an_upgrade_delivered_by_meshctl(tmp_path: Path, node_factory, nats_server) -> None:
     out = tmp_path / "out"
     cache = Path(os.environ.get("MESH_TOOLCHAIN_CACHE", ROOT / ".cache" / "toolchains"))
-    [v1] = build_module(ROOT / "bundles" / "memory", out, cache_dir=cache, progress=lambda _: None)
-    v2 = upgraded(v1, out, "0.2.0")
+    # Two bundles: the schema migration (a step) and the tools.
+    v1 = build_module(ROOT / "bundles" / "memory", out, cache_dir=cache, progress=lambda _: None)
+    assert len(v1) == 2
+    v2 = [upgraded(a, out, "0.2.0") for a in v1]
     empty = tmp_path / "none"
     empty.mkdir()
     node = node_factory(empty, config=SDK_CONFIG)
 
-    def deliver(artifact: Path) -> None:
+    def deliver(artifacts: list[Path]) -> None:
         r = subprocess.run(
-            [*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+            [*MESHCTL, "bundle", "deliver", *map(str, artifacts), "--node", node.name, "--nats", nats_server.url],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -163,6 +165,10 @@ def test_memory_data_survives_an_upgrade_delivered_by_meshctl(tmp_path: Path, no
             pid = (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"]
             deliver(v2)
             await until_version(nc, "0.2.0")
+            # The migration ran as a step once per version, before the tools: recorded, and logged.
+            steps = node.state_dir / "steps" / "memory"
+            assert sorted(p.name for p in steps.iterdir()) == ["migrate@0.1.0.json", "migrate@0.2.0.json"]
+            assert "schema 0 -> 2" in node.log() and "is at schema 2 already" in node.log()
             assert (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"] != pid  # a new child
             assert await recall_ids(nc, query="postgres") == [shared]
         finally:

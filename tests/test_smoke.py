@@ -27,4 +27,7 @@ def test_meshctl_smoke_every_language_answers() -> None:
         assert module == f"hello-{language}"
         assert "Hello, mesh!" in " ".join(row), row
         assert row[-1] == "ms"
-    assert "smoke: every tool answered" in r.stdout
+    # hello-service has no tool: the node runs it (supervised here: no systemd), and it stays up.
+    services = [line.split() for line in r.stdout.splitlines() if line.startswith("hello-service/daemon")]
+    assert services and services[0][1] == "go" and services[0][3] == "running", r.stdout
+    assert "smoke: every tool answered, every service runs" in r.stdout

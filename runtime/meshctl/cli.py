@@ -166,18 +166,23 @@ def cmd_node_status(args: argparse.Namespace) -> int:
         f"node {status['node']}  bus {status['url']}  pid {status['pid']}  up {status['uptime_s']:.0f} s  "
         f"calls answered {status['answered']}, in flight {status['in_flight']}"
     )
-    rows = [("BUNDLE", "LANGUAGE", "STATE", "PID", "RESTARTS", "TOOLS", "LAST ERROR")]
+    # Tools and service bundles in one table: KIND says which, RUNS who supervises it (the node,
+    # or systemd as a unit), LAST EXIT how its child last ended.
+    rows = [("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")]
     for b in status["bundles"]:
-        error = b["last_error"] or (b["last_exit"] if b["state"] != "ready" else "") or ""
+        kind = b.get("kind", "tools")
         rows.append(
             (
                 f"{b['module']}/{b['bundle']}",
+                kind,
                 b["language"],
+                b.get("runs", "node"),
                 b["state"],
                 str(b["pid"] or "-"),
                 str(b["restarts"]),
-                str(len(b["tools"])),
-                error,
+                str(len(b["tools"])) if kind == "tools" else "-",
+                b["last_exit"] or "-",
+                b["last_error"] or "",
             )
         )
     _table(rows)
@@ -454,7 +459,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=cmd_node_run)
 
-    status = node_verbs.add_parser("status", help="bundles, states, pids, restarts, tools, last errors", parents=[bus])
+    status = node_verbs.add_parser(
+        "status",
+        help="tools and service bundles: kind, who runs them, state, pid, restarts, last exit and error",
+        parents=[bus],
+    )
     status.add_argument("--json", action="store_true")
     status.add_argument("--name", help="the node (default: the local one)")
     status.add_argument("--timeout", type=float, default=5.0)

@@ -2,7 +2,10 @@
 
 Start a node on its own embedded bus, build every `hello-<language>` bundle with its toolchain,
 deliver the artifacts to the node over JetStream, call each one's tool over the bus, print a
-table (language, tool, answer, latency). Exit 0 only if every one answered.
+table (language, tool, answer, latency). A `hello-*` module whose bundles are services
+(hello-service) has no tool to call: it is delivered too, and counts when the node runs it and
+it stays up (same pid, no restart) for SERVICE_STABLE_S, in a second table. Exit 0 only if
+every tool answered and every service stayed up.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 import msgspec
 from nats.aio.client import Client
@@ -28,6 +32,8 @@ from runtime.config import NatsConfig
 from runtime.meshctl.deliver import deliver
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import build_module
+
+SERVICE_STABLE_S = 2.0
 
 
 def _print(line: str) -> None:
@@ -131,9 +137,13 @@ async def _deliver_and_call(
         rows = [("LANGUAGE", "MODULE", "TOOL", "ANSWER", "LATENCY")]
         ok = True
         call_deadline = time.monotonic() + timeout
+        services: list[Path] = []
         for module_dir in modules:
             name = module_dir.name
             loaded = load_module(module_dir)
+            if not loaded.module.tools_bundles():
+                services.append(module_dir)  # no tool to call: checked as a service below
+                continue
             language = ",".join(sorted({b.language for b in loaded.module.tools_bundles()}))
             subject = f"mesh.tool.{name}.greet"
             if name in failures:
@@ -156,12 +166,66 @@ async def _deliver_and_call(
                 ok = False
                 text = "ERROR: " + text
             rows.append((language, name, "greet", text[:60], f"{statistics.median(times) * 1e3:.2f} ms"))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        service_rows: list[tuple[str, ...]] = [("SERVICE", "LANGUAGE", "RUNS", "STATE", "PID", "RESTARTS")]
+        for module_dir in services:
+            for row in await _check_services(nc, node_name, module_dir, failures, call_deadline):
+                ok = ok and row[3] == "running"
+                service_rows.append(row)
         _print("")
-        for r in rows:
-            _print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        _table(rows)
+        if services:
+            _print("")
+            _table(service_rows)
         _print("")
-        _print("smoke: " + ("every tool answered" if ok else "NOT every tool answered"))
+        _print(
+            "smoke: " + ("every tool answered, every service runs" if ok else "NOT every tool answered or service ran")
+        )
         return 0 if ok else 1
     finally:
         await nc.close()
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        _print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+async def _check_services(
+    nc: Client, node_name: str, module_dir: Path, failures: dict[str, str], deadline: float
+) -> list[tuple[str, ...]]:
+    """A row per service bundle: `running` only when it stayed up with the same pid, unrestarted."""
+    name = module_dir.name
+    rows: list[tuple[str, ...]] = []
+    for spec in load_module(module_dir).module.service_bundles():
+        key = f"{name}/{spec.name}"
+        if name in failures:
+            rows.append((key, spec.language, "-", failures[name], "-", "-"))
+            continue
+        first = await _service_status(nc, node_name, key, deadline)
+        if first is None or first["state"] != "running":
+            state = "NOT RUNNING: " + (f"{first['state']} {first['last_error'] or ''}" if first else "not in status")
+            rows.append((key, spec.language, "-", state.strip(), "-", "-"))
+            continue
+        await asyncio.sleep(SERVICE_STABLE_S)
+        later = await _service_status(nc, node_name, key, deadline) or {}
+        stable = later.get("state") == "running" and later.get("pid") == first["pid"] and later["restarts"] == 0
+        state = "running" if stable else f"NOT STABLE: {later.get('state')} {later.get('last_exit') or ''}".strip()
+        rows.append((key, spec.language, str(first["runs"]), state, str(first["pid"]), str(later.get("restarts"))))
+    return rows
+
+
+async def _service_status(nc: Client, node_name: str, key: str, deadline: float) -> dict[str, Any] | None:
+    """The bundle's status once it is past starting/building (or the last seen at the deadline)."""
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads((await nc.request(f"mesh.node.{node_name}.status", b"", timeout=5)).data)
+        except Exception:  # the node is busy placing modules: ask again
+            await asyncio.sleep(0.2)
+            continue
+        last = next((b for b in status["bundles"] if f"{b['module']}/{b['bundle']}" == key), None)
+        if last is not None and last["state"] not in ("starting", "building"):
+            return last
+        await asyncio.sleep(0.2)
+    return last

@@ -1,0 +1,3 @@
+module mesh.example/hello-service
+
+go 1.22
