@@ -28,7 +28,7 @@ from manifests import BundleManifest
 from .config import NodeConfig, ServicesConfig
 from .placement import Placement, child_of, data_dir
 from .steps import run_steps
-from .units import UnitError, build_services, service_unit, unit_name
+from .units import build_services, service_unit, unit_name
 
 log = logging.getLogger("mesh.hosting")
 
@@ -101,7 +101,7 @@ class SystemdService:
         try:
             try:
                 await self._install()
-            except (UnitError, OSError, RuntimeError) as e:
+            except Exception as e:  # no build, no unit, systemctl refused: this service's failure, not the node's
                 self.state, self.last_error = "failed", str(e)
                 log.error("service %s: %s", self.key, e)
                 while not self._stopping:
@@ -125,19 +125,22 @@ class SystemdService:
                 self.state, self.pid = "stopped", None
                 self.finished.set()
 
-    async def _install(self) -> None:
-        placement = await anyio.to_thread.run_sync(
-            lambda: build_services(self.placement, self.config.state_dir, progress=log.info)
-        )
+    def unit_text(self) -> str:
+        """The unit, as `meshctl node units` writes it; a compiled service from source is built
+        first. Blocking: run() calls it in a worker thread."""
+        placement = build_services(self.placement, self.config.state_dir, progress=log.info)
         folder = data_dir(self.config.state_dir, placement.loaded.module.name)
         folder.mkdir(parents=True, exist_ok=True)
-        text = service_unit(
+        return service_unit(
             placement,
             self.spec.name,
             node=self.config.name,
             state_dir=Path(self.config.state_dir),
             user=self.config.child_user,
         )
+
+    async def _install(self) -> None:
+        text = await anyio.to_thread.run_sync(self.unit_text)
         tmp = self.path.with_name(f".{self.unit}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(self.path)

@@ -313,3 +313,28 @@ def test_two_bundles_that_would_share_a_unit_name_are_refused(tmp_path: Path) ->
         placements.append(from_source(load_module(folder)))
     with pytest.raises(UnitError, match=r"a-b/c and a/b-c would both be mesh-a-b-c.service"):
         service_units(placements, node="n", state_dir=tmp_path / "s", out_dir=tmp_path / "u")
+
+
+@pytest.mark.toolchain("go")
+def test_the_node_writes_hello_services_unit_as_meshctl_node_units_does(tmp_path: Path) -> None:
+    """The unit a node under systemd writes for a service bundle (runtime/hosting.py) is the one
+    `meshctl node units` writes, and systemd reads it clean. Starting it needs systemd as PID 1:
+    tests/test_services.py says when that could not run."""
+    from runtime.config import NodeConfig, ServicesConfig
+    from runtime.hosting import SystemdService
+
+    state = tmp_path / "state"
+    placement = from_source(load_module(REPO / "bundles" / "hello-service"))
+    [spec] = placement.loaded.module.service_bundles()
+    config = NodeConfig(name="n", state_dir=str(state), services=ServicesConfig(unit_dir=str(tmp_path / "units")))
+    try:
+        text = SystemdService(placement, spec, config).unit_text()
+    except ToolchainMissing as e:  # reported as a failure, never skipped: CI installs it
+        pytest.fail(f"{e} (run scripts/setup.sh)")
+    [written] = service_units([build_services(placement, state)], node="n", state_dir=state, out_dir=tmp_path / "u")
+    assert text == written.read_text()
+    s = dict(settings(text))
+    assert s["ExecStart"] == str(state / "from-source" / "hello-service" / "daemon" / "bin" / "hello-service")
+    env = [v for k, v in settings(text) if k == "Environment"]
+    assert "HEARTBEAT_INTERVAL_MS=1000" in env and f"MESH_DATA_DIR={state / 'data' / 'hello-service'}" in env
+    verify(written)
