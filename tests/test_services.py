@@ -224,9 +224,25 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
             b = await wait_state(nc, node.name, "hosted/daemon", "running")
             return b if b["pid"] != daemon["pid"] and b["restarts"] == 1 else None
 
-        again = await until(restarted, "the daemon restarted")
-        assert again["last_exit"] == describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+        killed = await until(restarted, "the daemon restarted")
+        assert killed["last_exit"] == describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
         assert not alive(daemon["pid"])
+        # An operator's restart reaches a service as it does a tools bundle: SIGTERM, a new pid.
+        r = subprocess.run(
+            [*MESHCTL, "node", "restart", "hosted/daemon", "--name", node.name, "--nats", nats_server.url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0 and "restarting hosted/daemon" in r.stdout, r.stderr
+
+        async def restarted_again() -> dict[str, Any] | None:
+            b = await wait_state(nc, node.name, "hosted/daemon", "running")
+            return b if b["pid"] != killed["pid"] and b["restarts"] == 2 else None
+
+        again = await until(restarted_again, "the daemon restarted by the operator")
+        assert again["last_exit"] == "exit code 0" and not alive(killed["pid"])  # it took SIGTERM and exited
 
         # 4. The node restarts: the module comes back, its step does not run again for 1.0.0,
         #    and the node's stop took the daemon with it.
