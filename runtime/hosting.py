@@ -23,6 +23,7 @@ import anyio.abc
 from launcher.bundle import BundleStatus
 from launcher.reaper import Reaper
 from launcher.service import ServiceRunner, ServiceSpec
+from launcher.supervise import describe_exit
 from manifests import BundleManifest
 
 from .config import NodeConfig, ServicesConfig
@@ -128,7 +129,9 @@ class SystemdService:
     def unit_text(self) -> str:
         """The unit, as `meshctl node units` writes it; a compiled service from source is built
         first. Blocking: run() calls it in a worker thread."""
-        placement = build_services(self.placement, self.config.state_dir, progress=log.info)
+        placement = self.placement
+        if placement.from_source:  # a delivered bundle is built already: its artifact is the build
+            placement = build_services(placement, self.config.state_dir, progress=log.info)
         folder = data_dir(self.config.state_dir, placement.loaded.module.name)
         folder.mkdir(parents=True, exist_ok=True)
         return service_unit(
@@ -159,8 +162,11 @@ class SystemdService:
         pid = int(props.get("MainPID", "0") or 0)
         self.pid = pid or None
         self.restarts = int(props.get("NRestarts", "0") or 0)
-        if props.get("ExecMainStatus") not in (None, "", "0") or props.get("ExecMainCode") == "2":
-            self.last_exit = f"exit status {props.get('ExecMainStatus')} ({props.get('SubState', '')})"
+        # ExecMainCode is the siginfo code of the main process's last end: 1 exited, 2 killed,
+        # 3 dumped core (ExecMainStatus then holds the signal); 0 while it has not ended yet.
+        code, value = props.get("ExecMainCode", "0"), props.get("ExecMainStatus", "0")
+        if code in ("1", "2", "3") and value.isdigit():
+            self.last_exit = describe_exit(int(value) if code == "1" else -int(value))
 
     async def _systemctl(self, *args: str, check: bool = True) -> str:
         done = await anyio.run_process(["systemctl", *args], check=False)

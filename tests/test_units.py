@@ -338,3 +338,33 @@ def test_the_node_writes_hello_services_unit_as_meshctl_node_units_does(tmp_path
     env = [v for k, v in settings(text) if k == "Environment"]
     assert "HEARTBEAT_INTERVAL_MS=1000" in env and f"MESH_DATA_DIR={state / 'data' / 'hello-service'}" in env
     verify(written)
+
+
+@pytest.mark.toolchain("go")
+def test_a_delivered_service_gets_its_unit_from_the_unpacked_artifact(tmp_path: Path) -> None:
+    """Delivered, a compiled service is not built again: the unit runs the artifact's binary."""
+    from runtime.config import NodeConfig, ServicesConfig
+    from runtime.hosting import SystemdService
+    from runtime.placement import Placement
+    from toolchains.artifact import verify_and_unpack
+    from toolchains.build import build_module
+
+    try:
+        [artifact] = build_module(REPO / "bundles" / "hello-service", tmp_path / "out", progress=lambda _: None)
+    except ToolchainMissing as e:
+        pytest.fail(f"{e} (run scripts/setup.sh)")
+    unpacked = tmp_path / "bundles" / "hello-service" / "0.1.0" / "daemon"
+    meta = verify_and_unpack(artifact, unpacked)
+    module_dir = tmp_path / "module"
+    module_dir.mkdir()
+    (module_dir / "module.toml").write_text(meta.manifest)
+    placement = Placement(load_module(module_dir), {"daemon": unpacked}, {"daemon": dict(meta.env)})
+    state = tmp_path / "state"
+    config = NodeConfig(name="n", state_dir=str(state), services=ServicesConfig(unit_dir=str(tmp_path / "units")))
+    [spec] = placement.loaded.module.service_bundles()
+    unit = tmp_path / "mesh-hello-service-daemon.service"
+    unit.write_text(SystemdService(placement, spec, config).unit_text())
+    s = dict(settings(unit.read_text()))
+    assert s["ExecStart"] == str(unpacked / "bin" / "hello-service") and s["WorkingDirectory"] == str(unpacked)
+    assert not (state / "from-source").exists()
+    verify(unit)

@@ -31,6 +31,7 @@ class Behaviour:
     tools: tuple[str, ...] = ("greet",)
     stderr: str = ""  # a line written on stderr before anything else
     unstartable: bool = False  # spawn fails as exec would (no such file)
+    exit_on_eof: bool = True  # an MCP child exits when its stdin closes; a service reads nothing
     answer: Callable[[str, dict[str, Any]], Any] | None = None  # tools/call -> result, or None: no answer
     answers_ping: bool = True
     call_seconds: float = 0.0  # a tools/call is answered this long after it arrived
@@ -106,9 +107,10 @@ class FakeChild:
         return not self.exited.done()
 
     def close_stdin(self) -> None:
-        self.exit(0)
+        if self.behaviour.exit_on_eof:
+            self.exit(0)
 
-    async def stop(self, grace: float = 2.0) -> int:
+    async def stop(self, grace: float = 2.0, *, ask_first: bool = True) -> int:
         self.exit(0)
         return await self.wait()
 
