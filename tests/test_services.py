@@ -157,6 +157,12 @@ def module_processes(node: str, module: str) -> list[int]:
     return found
 
 
+async def beating(data: Path, version: str, pid: int) -> bool:
+    """The daemon of `version` with this pid has written its beat (running comes at its spawn)."""
+    path = data / f"beat-{version}"
+    return path.exists() and path.read_text() == str(pid)
+
+
 async def until(check: Any, what: str, timeout: float = 30) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -199,7 +205,7 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
             "python",
             [],
         )
-        assert (data / "beat-1.0.0").read_text() == str(daemon["pid"])
+        await until(lambda: beating(data, "1.0.0", daemon["pid"]), "the daemon's first beat")
         env = json.loads((data / "env-1.0.0.json").read_text())
         assert env["MESH_NODE"] == node.name and env["MESH_MODULE"] == "hosted" and env["MESH_BUNDLE"] == "daemon"
         assert env["MESH_DATA_DIR"] == str(data) and env["SVC_VERSION"] == "1.0.0"
@@ -266,7 +272,8 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
             return b if (data / "beat-2.0.0").exists() and b["pid"] != before["pid"] else None
 
         v2 = await until(upgraded, "the daemon of 2.0.0 running")
-        assert (data / "beat-2.0.0").read_text() == str(v2["pid"]) and not alive(before["pid"])
+        await until(lambda: beating(data, "2.0.0", v2["pid"]), "the 2.0.0 daemon's beat")
+        assert not alive(before["pid"])
         tools_v2 = await wait_state(nc, node.name, "hosted/tools", "ready")
 
         # 6. A failing step refuses 3.0.0, named; 2.0.0 keeps serving, nothing of it restarted.
