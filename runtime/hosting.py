@@ -264,11 +264,12 @@ class ServiceHost:
     async def _stop_module(self, module: str, keep_units: set[str] | None) -> None:
         """Stop a module's services and wait until they are gone. A unit is removed unless its
         bundle is in `keep_units` (an upgrade) or the node is only stopping (None)."""
-        for h in self.modules.pop(module, []):
+        for h in self.modules.get(module, []):  # listed in status until they are gone
             if isinstance(h, SystemdService):
                 h.remove_unit = keep_units is not None and h.spec.name not in keep_units
             await h.stop()
             await h.finished.wait()
+        self.modules.pop(module, None)
 
     def statuses(self) -> list[BundleStatus]:
         return [h.status() for hosted in self.modules.values() for h in hosted]

@@ -181,7 +181,7 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
     empty = tmp_path / "none"
     empty.mkdir()
     starts = tmp_path / "tools-starts.log"
-    start = dict(name="hosting-node", config=NODE_RUNS_SERVICES, env={"MESH_TEST_SECRET": "do-not-leak"})
+    start = dict(name=f"hosting-{os.getpid()}", config=NODE_RUNS_SERVICES, env={"MESH_TEST_SECRET": "do-not-leak"})
     node = node_factory(empty, **start)
     data = node.state_dir / "data" / "hosted"
     nc = await client(nats_server.url)
@@ -306,8 +306,12 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
             return not any(b["module"] == "hosted" for b in (await status(nc, node.name))["bundles"])
 
         await until(gone, "hosted removed")
+
+        async def no_process_left() -> bool:
+            return module_processes(node.name, "hosted") == []
+
+        await until(no_process_left, "no process of hosted left", timeout=10)
         assert not alive(v2["pid"]) and not alive(tools_v2["pid"])
-        assert module_processes(node.name, "hosted") == []
     finally:
         await nc.close()
 
@@ -318,7 +322,7 @@ def test_a_step_past_its_timeout_refuses_the_module_served_from_source(tmp_path:
     text = manifest("1.0.0", tmp_path / "starts.log", step_env=', STEP_SLEEP = "30"', step_timeout_ms=1000)
     (folder / "module.toml").write_text(text.replace('source = "src"', 'source = "."'))
     started = time.monotonic()
-    node = node_factory(mods, name="timeout-node", config=NODE_RUNS_SERVICES)
+    node = node_factory(mods, name=f"timeout-{os.getpid()}", config=NODE_RUNS_SERVICES)
 
     async def check() -> None:
         nc = await client(node.bus_url())
@@ -343,7 +347,7 @@ def test_hello_service_runs_from_source_and_stops_with_the_node(tmp_path: Path, 
         pytest.fail("go is not installed: run scripts/setup.sh (the Go toolchain builds hello-service)")
     mods = tmp_path / "mods"
     shutil.copytree(ROOT / "bundles" / "hello-service", mods / "hello-service")
-    node = node_factory(mods, name="hello-service-node", config=NODE_RUNS_SERVICES)
+    node = node_factory(mods, name=f"hello-service-{os.getpid()}", config=NODE_RUNS_SERVICES)
     heartbeat = node.state_dir / "data" / "hello-service" / "heartbeat.json"
 
     async def running() -> dict[str, Any]:
