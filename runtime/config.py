@@ -102,10 +102,12 @@ class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
 class ServicesConfig(msgspec.Struct, forbid_unknown_fields=True):
     """How the node runs service bundles (runtime/hosting.py)."""
 
-    # auto: as systemd units where systemd runs the machine and unit_dir is writable, else
+    # auto: as systemd units where systemd runs the machine and started the node, and unit_dir is writable, else
     # supervised by the node itself; node / systemd: that one (systemd without systemd is named).
     host: Literal["auto", "node", "systemd"] = "auto"
-    unit_dir: str = "/etc/systemd/system"
+    # Runtime units: the node's own unit keeps /etc read-only (ProtectSystem=full), and the node
+    # writes them again at every start, so they need not outlive a reboot.
+    unit_dir: str = "/run/systemd/system"
 
 
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Mapping, Protocol
 
 import anyio
 import anyio.abc
@@ -42,23 +42,30 @@ class HostChoice:
     reason: str
 
 
-def choose_host(services: ServicesConfig, *, systemd_dir: str = "/run/systemd/system") -> HostChoice:
-    """systemd when it runs the machine (sd_booted: /run/systemd/system exists), systemctl is
-    there and the unit folder may be written; else the node. `host` in [services] forces one."""
-    systemctl = shutil.which("systemctl")
-    booted = os.path.isdir(systemd_dir)
-    writable = os.access(services.unit_dir, os.W_OK)
+def choose_host(
+    services: ServicesConfig, *, systemd_dir: str = "/run/systemd/system", environ: Mapping[str, str] | None = None
+) -> HostChoice:
+    """systemd when the node itself runs under it (systemd booted the machine: /run/systemd/system
+    exists; and started the node: INVOCATION_ID is set, as systemd sets it for every unit),
+    systemctl is there and the unit folder may be written; else the node. A node started by
+    hand on a systemd machine keeps its services as its own children: it does not put units
+    into the machine's configuration. `host` in [services] forces one."""
+    env = os.environ if environ is None else environ
     if services.host == "node":
         return HostChoice("node", "[services] host = node")
-    if booted and systemctl and writable:
-        return HostChoice("systemd", f"systemd runs this machine; units go to {services.unit_dir}")
-    why = (
-        "systemd does not run this machine (no /run/systemd/system)"
-        if not booted
-        else "systemctl is not installed"
-        if not systemctl
-        else f"{services.unit_dir} cannot be written by this node"
-    )
+    booted = os.path.isdir(systemd_dir)
+    systemctl = shutil.which("systemctl")
+    why = ""
+    if not booted:
+        why = "systemd does not run this machine (no /run/systemd/system)"
+    elif services.host == "auto" and not env.get("INVOCATION_ID"):
+        why = "the node was not started by systemd (no INVOCATION_ID)"
+    elif not systemctl:
+        why = "systemctl is not installed"
+    elif not os.access(services.unit_dir, os.W_OK):
+        why = f"{services.unit_dir} cannot be written by this node"
+    if not why:
+        return HostChoice("systemd", f"systemd runs this node; units go to {services.unit_dir}")
     if services.host == "systemd":
         return HostChoice("systemd", f"[services] host = systemd, but {why}: their units will fail, named")
     return HostChoice("node", why)

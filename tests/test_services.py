@@ -375,21 +375,24 @@ def test_hello_service_runs_from_source_and_stops_with_the_node(tmp_path: Path, 
 
 
 # --- who runs services -------------------------------------------------------------------------
-def test_the_host_is_systemd_only_where_systemd_runs_and_units_can_be_written(tmp_path: Path) -> None:
+def test_the_host_is_systemd_only_where_systemd_runs_the_node_and_units_can_be_written(tmp_path: Path) -> None:
     booted, units = tmp_path / "run-systemd-system", tmp_path / "units"
     units.mkdir()
     auto = ServicesConfig(unit_dir=str(units))
-    assert choose_host(auto, systemd_dir=str(booted)).runs == "node"
-    assert "systemd does not run this machine" in choose_host(auto, systemd_dir=str(booted)).reason
+    by_systemd = {"INVOCATION_ID": "0123abcd"}  # what systemd sets in every unit's environment
+    no_systemd = choose_host(auto, systemd_dir=str(booted), environ=by_systemd)
+    assert no_systemd.runs == "node" and "systemd does not run this machine" in no_systemd.reason
     booted.mkdir()
+    by_hand = choose_host(auto, systemd_dir=str(booted), environ={})
+    assert by_hand.runs == "node" and "not started by systemd" in by_hand.reason
     if shutil.which("systemctl"):
-        assert choose_host(auto, systemd_dir=str(booted)).runs == "systemd"
+        assert choose_host(auto, systemd_dir=str(booted), environ=by_systemd).runs == "systemd"
     if os.geteuid() != 0:  # root writes anywhere: the unwritable folder says nothing then
         units.chmod(0o500)
-        assert choose_host(auto, systemd_dir=str(booted)).runs == "node"
+        assert choose_host(auto, systemd_dir=str(booted), environ=by_systemd).runs == "node"
     forced = ServicesConfig(host="node", unit_dir=str(units))
-    assert choose_host(forced, systemd_dir=str(booted)).runs == "node"
-    assert NodeConfig().services.host == "auto" and NodeConfig().services.unit_dir == "/etc/systemd/system"
+    assert choose_host(forced, systemd_dir=str(booted), environ=by_systemd).runs == "node"
+    assert NodeConfig().services.host == "auto" and NodeConfig().services.unit_dir == "/run/systemd/system"
 
 
 def test_services_run_as_systemd_units_where_systemd_is_pid_1(tmp_path: Path) -> None:
