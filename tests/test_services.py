@@ -430,3 +430,65 @@ def test_services_run_as_systemd_units_where_systemd_is_pid_1(tmp_path: Path) ->
         assert not service.path.exists() and not alive(pid)
 
     asyncio.run(run())
+
+
+def now(check: Any) -> Any:
+    """`until` for a plain (not awaitable) check."""
+
+    async def checked() -> Any:
+        return check()
+
+    return checked
+
+
+ESCAPE = (
+    # A grandchild that leaves the group (setsid) with an empty environment (no run marker): only
+    # a cgroup catches it. Its pid is written where the test reads it.
+    'setsid env -i sh -c \'echo $$ > "$1"; exec sleep 60\' sh "$1" </dev/null >/dev/null 2>&1 & exec sleep 60'
+)
+
+
+async def test_a_service_and_a_step_the_node_runs_get_a_cgroup_each_killed_at_their_end(tmp_path: Path) -> None:
+    """harden-child's cgroup per runner holds for services and steps too (the shared loop)."""
+    from launcher.cgroup import members
+    from launcher.process import ChildSpec
+    from launcher.reaper import Reaper
+    from launcher.restart import RestartPolicy
+    from launcher.service import ServiceRunner, ServiceSpec
+    from launcher.step import run_step
+
+    reaper = Reaper(f"svc-cgroup-{os.getpid()}-{time.monotonic_ns()}")
+    await reaper.start()
+    try:
+        if reaper.cgroups is None:
+            pytest.skip(f"this machine gives a child no cgroup ({reaper.no_cgroups_because}): NOT exercised here")
+
+        def escaping(name: str) -> ChildSpec:
+            return ChildSpec(argv=["/bin/sh", "-c", ESCAPE, "sh", str(tmp_path / name)], cwd=str(tmp_path), env={})
+
+        old = ServiceRunner(ServiceSpec("m", "daemon", "sh", escaping("old"), RestartPolicy(), 0.5), reaper=reaper)
+        new = ServiceRunner(ServiceSpec("m", "daemon", "sh", escaping("new"), RestartPolicy(), 0.5), reaper=reaper)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(old.run)
+            tg.start_soon(new.run)  # the same bundle twice, as during an in-place upgrade
+            await until(now(lambda: (tmp_path / "old").exists() and (tmp_path / "new").exists()), "both escapees")
+            old_escapee, new_escapee = (int((tmp_path / n).read_text()) for n in ("old", "new"))
+            assert old._child_spec is not None and new._child_spec is not None
+            old_cgroup, new_cgroup = old._child_spec.cgroup, new._child_spec.cgroup
+            assert old_cgroup and new_cgroup and old_cgroup != new_cgroup  # one per runner
+            assert old_escapee in members(old_cgroup) and old.pid in members(old_cgroup)
+            await old.stop()
+            await old.finished.wait()
+            await until(now(lambda: not alive(old_escapee)), "the old runner's escapee killed with its cgroup", 5)
+            assert members(old_cgroup) == []
+            assert alive(new_escapee) and new.state == "running"  # the other runner's child untouched
+            await new.stop()
+        await until(now(lambda: not alive(new_escapee)), "the new runner's escapee killed", 5)
+
+        outcome = await run_step("m", "migrate", escaping("step"), 0.5, reaper=reaper, stop_grace_s=0.2)
+        assert not outcome.ok and outcome.exit.startswith("timed out")
+        step_escapee = int((tmp_path / "step").read_text())
+        await until(now(lambda: not alive(step_escapee)), "the step's escapee killed with its cgroup", 5)
+    finally:
+        await reaper.close()
+    assert reaper.cgroups is not None and not reaper.cgroups.base.exists()  # the run's cgroups gone with it

@@ -67,5 +67,10 @@ async def test_a_dying_service_restarts_then_backs_off_then_fails_and_a_reset_br
     runner.request_restart()
     await runner.reach("running")
     assert len(script.started) == 5
+    # An operator's restart of a running service shows `restarting` at once, then a new child.
+    runner.request_restart()
+    assert runner.state == "restarting"
+    await runner.reach("running")
+    assert len(script.started) == 6 and runner.states[-3:] == ["restarting", "starting", "running"]
     await runner.stop()
     await asyncio.wait_for(task, 2)
