@@ -256,6 +256,85 @@ def test_closing_stdin_exits_at_once_with_a_call_in_flight(slow_child: RawChild)
     assert slow_child.proc.returncode == 0
 
 
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def test_the_modern_era_is_answered_over_the_pipes(tmp_path: Path) -> None:
+    # No initialize: a 2026-07-28 client stamps its envelope on every request (the library's
+    # second era); the SDK's own stdio transport carries it like any other message.
+    child = RawChild([sys.executable, "main.py"], SOURCE, from_source_env(tmp_path, SOURCE))
+    try:
+        child.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "echo.say", "arguments": {"text": "modern"}, "_meta": MODERN_META},
+            }
+        )
+        reply = child.read()
+        assert reply["id"] == 1
+        assert reply["result"]["content"] == [{"type": "text", "text": "modern"}]
+        assert reply["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "hello-python"
+    finally:
+        child.close()
+
+
+def test_a_bad_line_is_dropped_and_a_print_misses_the_wire(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text(
+        textwrap.dedent(
+            """
+            from mesh_sdk import Server
+
+            server = Server("printer")
+
+            @server.tool()
+            def shout(text: str) -> str:
+                print("stray output from a tool")  # fd 1 is stderr while serving
+                return text.upper()
+
+            server.run()
+            """
+        )
+    )
+    child = RawChild([sys.executable, "main.py"], tmp_path, from_source_env(tmp_path, tmp_path))
+    try:
+        child.initialize()
+        assert child.proc.stdin is not None
+        child.proc.stdin.write(b"this is not json\n")  # the library drops it (as its own stdio does)
+        child.proc.stdin.flush()
+        child.call(2, "shout", {"text": "hi"})
+        assert child.read()["result"]["content"] == [{"type": "text", "text": "HI"}]
+    finally:
+        child.close()
+    assert "stray output from a tool" in child.proc.stderr.read().decode()  # type: ignore[union-attr]
+
+
+def test_a_stdout_that_is_a_file_is_served_too(tmp_path: Path) -> None:
+    # asyncio watches pipes, sockets and terminals only; a file falls back to the library's stdio.
+    answers = tmp_path / "out.jsonl"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **from_source_env(tmp_path, SOURCE)}
+    with answers.open("wb") as stdout:
+        proc = subprocess.Popen([sys.executable, "main.py"], cwd=SOURCE, env=env, stdin=subprocess.PIPE, stdout=stdout)
+        assert proc.stdin is not None
+        call = {"name": "echo.say", "arguments": {"text": "into a file"}, "_meta": MODERN_META}
+        proc.stdin.write(
+            json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}).encode() + b"\n"
+        )
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not answers.read_bytes().endswith(b"\n") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.stdin.close()
+        proc.wait(timeout=10)
+    [line] = answers.read_text().splitlines()
+    assert json.loads(line)["result"]["content"] == [{"type": "text", "text": "into a file"}]
+
+
 # --- the call: caller, cancellation, progress (the shared contract on params._meta) ------------
 
 CONTRACT_SERVER = SDK / "fixtures" / "contract_server.py"

@@ -11,6 +11,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from .log import setup_logging
 from .names import check_tool_name, seat_verb
+from .stdio import stdio_transport, streams_supported
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,10 +68,39 @@ class Server:
 
     def run(self) -> None:
         """Serve on stdin/stdout until stdin closes, which is how the runtime says "exit now"."""
+        import anyio  # the library's own event-loop runner (asyncio backend)
+
         try:
-            self.mcp.run("stdio")
+            anyio.run(self._serve_stdio)
         except KeyboardInterrupt:
             pass
+
+    async def _serve_stdio(self) -> None:
+        # The library's session and dispatch over the SDK's event-loop stdio transport
+        # (stdio.py: the library's stdio_server costs a worker-thread round trip per line).
+        lowlevel = self.mcp._lowlevel_server
+        _drop_idle_tracing(lowlevel.middleware)
+        if not streams_supported():  # e.g. stdin or stdout redirected to a file: the library's threads can
+            from mcp.server.stdio import stdio_server
+
+            async with stdio_server() as (read, write):
+                await lowlevel.run(read, write, lowlevel.create_initialization_options())
+            return
+        async with stdio_transport() as (read, write):
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+
+def _drop_idle_tracing(middleware: list[Any]) -> None:
+    """Take the library's OpenTelemetry span per request out when no tracer would record it.
+
+    With only the OpenTelemetry API installed (no SDK configured: the global provider is still
+    the proxy) every span is discarded, yet building it costs about 5 % of a call.
+    """
+    from mcp.server._otel import OpenTelemetryMiddleware
+    from opentelemetry import trace
+
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        middleware[:] = [m for m in middleware if not isinstance(m, OpenTelemetryMiddleware)]
 
 
 def result(text: str, structured: dict[str, Any] | None = None, *, is_error: bool = False) -> CallToolResult:

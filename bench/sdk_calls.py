@@ -1,0 +1,169 @@
+"""What a Python SDK child costs against a raw Python child, side by side in one run.
+
+`python -m bench.sdk_calls` starts, round after round, the raw echo child (`echo_child.py`:
+stdlib JSON lines, no library) and the echo tool on the Python SDK (`sdk_echo.py`), the SDK
+as it is in this checkout and as it was at BEFORE (a git ref, extracted into
+`bench/.work/sdk-before`), each with a plain `def` tool and an `async def` one. For each child:
+
+- start-up: spawn to `initialize` answered (median of --starts spawns);
+- CPU per call: the child's CPU time (all threads, /proc schedstat) over --calls calls one after
+  the other, and over --calls calls with 32 in flight, divided by the calls.
+
+The lean msgspec client (`lean.py`) drives every child the same way, so what differs is the
+child. Ratios to the raw child are taken within a round; the table shows medians over rounds.
+Every child also answers `initialize` for each MCP revision it claims (checked once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+import msgspec
+
+from .lean import LeanClient
+from .procs import cpu_ns
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / ".work"
+# The Python SDK before issue 16 (mcp's MCPServer on its high-level stdio path).
+BEFORE = "1531ff0"
+REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+ARGS = b'{"text":"hello"}'
+
+
+def _sdk_before(ref: str) -> Path:
+    """sdk/python/mesh_sdk at `ref`, extracted once under bench/.work; its folder for PYTHONPATH."""
+    folder = WORK / f"sdk-before-{ref}"
+    if not (folder / "mesh_sdk" / "__init__.py").is_file():
+        tar = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", ref, "sdk/python/mesh_sdk"], capture_output=True, check=True
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(tar)) as archive:
+            archive.extractall(folder / "x", filter="data")
+        (folder / "x" / "sdk" / "python" / "mesh_sdk").rename(folder / "mesh_sdk")
+    return folder
+
+
+def children(before: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    py = sys.executable
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    now = str(ROOT / "sdk" / "python")
+    then = str(_sdk_before(before))
+    echo = str(ROOT / "bench" / "sdk_echo.py")
+    return {
+        "raw": ([py, str(ROOT / "bench" / "echo_child.py")], base),
+        "sdk-before def": ([py, echo], {**base, "PYTHONPATH": then}),
+        "sdk def": ([py, echo], {**base, "PYTHONPATH": now}),
+        "sdk-before async": ([py, echo], {**base, "PYTHONPATH": then, "BENCH_SDK_ASYNC": "1"}),
+        "sdk async": ([py, echo], {**base, "PYTHONPATH": now, "BENCH_SDK_ASYNC": "1"}),
+    }
+
+
+async def _started(argv: list[str], env: dict[str, str]) -> tuple[LeanClient, float]:
+    client = LeanClient()
+    t0 = time.perf_counter()
+    await client.start(argv, env=env)
+    await client.initialize()
+    return client, time.perf_counter() - t0
+
+
+async def startup(argv: list[str], env: dict[str, str], starts: int) -> float:
+    times = []
+    for _ in range(starts):
+        client, took = await _started(argv, env)
+        times.append(took)
+        await client.close()
+    return statistics.median(times)
+
+
+async def revisions(argv: list[str], env: dict[str, str]) -> list[str]:
+    """The revisions this child answers `initialize` with when each is offered."""
+    answered = []
+    for revision in REVISIONS:
+        client = LeanClient()
+        await client.start(argv, env=env)
+        params = {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+        raw = await client.request_bytes(b"initialize", msgspec.json.encode(params))
+        answered.append(msgspec.json.decode(raw)["protocolVersion"])
+        await client.close()
+    return answered
+
+
+async def cpu_per_call(argv: list[str], env: dict[str, str], calls: int) -> tuple[float, float]:
+    """Child CPU us per call: calls one after the other, then 32 in flight."""
+    client, _ = await _started(argv, env)
+    try:
+        for _ in range(200):  # warm-up: lazy imports, caches, worker threads
+            await client.call("echo", ARGS)
+        start = cpu_ns(client.pid)
+        for _ in range(calls):
+            await client.call("echo", ARGS)
+        seq = (cpu_ns(client.pid) - start) / calls / 1000
+        sem = asyncio.Semaphore(32)
+
+        async def one() -> None:
+            async with sem:
+                await client.call("echo", ARGS)
+
+        start = cpu_ns(client.pid)
+        await asyncio.gather(*(one() for _ in range(calls)))
+        conc = (cpu_ns(client.pid) - start) / calls / 1000
+        return seq, conc
+    finally:
+        await client.close()
+
+
+async def run(rounds: int, calls: int, starts: int, before: str) -> int:
+    kids = children(before)
+    for name, (argv, env) in kids.items():
+        print(f"{name:18} revisions answered: {', '.join(await revisions(argv, env))}", flush=True)
+    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in kids}
+    ratios: dict[str, list[tuple[float, float, float]]] = {name: [] for name in kids}
+    names = list(kids)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]  # a different child first each round
+        got: dict[str, tuple[float, float, float]] = {}
+        for name in order:
+            argv, env = kids[name]
+            up = await startup(argv, env, starts)
+            seq, conc = await cpu_per_call(argv, env, calls)
+            got[name] = (up, seq, conc)
+            rows[name].append(got[name])
+        for name in names:
+            ratios[name].append(tuple(a / b for a, b in zip(got[name], got["raw"])))  # type: ignore[arg-type]
+        print(f"round {r + 1}/{rounds} done", flush=True)
+    load = os.getloadavg()
+    print(f"\nPython SDK child against a raw Python child: {rounds} round(s), {calls} calls per phase, medians;")
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; before = sdk/python at {before}")
+    print(f"{'child':18} {'start-up s':>10} {'CPU us/call seq':>16} {'CPU us/call @32':>16}   ratios to raw (start, seq, @32)")
+    for name in names:
+        med = [statistics.median(v[i] for v in rows[name]) for i in range(3)]
+        rat = [statistics.median(v[i] for v in ratios[name]) for i in range(3)]
+        print(
+            f"{name:18} {med[0]:10.3f} {med[1]:16.1f} {med[2]:16.1f}   "
+            f"{rat[0]:.2f}x {rat[1]:.2f}x {rat[2]:.2f}x"
+        )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per phase (sequential, then 32 in flight)")
+    parser.add_argument("--starts", type=int, default=5, help="spawns per start-up figure")
+    parser.add_argument("--before", default=BEFORE, help="git ref of the SDK to compare against")
+    args = parser.parse_args()
+    return asyncio.run(run(args.rounds, args.calls, args.starts, args.before))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
