@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -94,6 +95,7 @@ class BundleStatus(msgspec.Struct):
     stderr_tail: list[str]
     kind: str = "tools"  # tools | service
     runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
+    state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
 
 
 class Pending:
@@ -311,6 +313,7 @@ class BundleRunner(Supervised):
             in_flight=self._session.in_flight if self._session else 0,
             calls=self.calls,
             stderr_tail=list(self.stderr_tail),
+            state_for_s=round(time.monotonic() - self.state_since, 1),
         )
 
     # --- one life of the child --------------------------------------------------------

@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import logging
 import signal
+import time
 from typing import Awaitable, Callable
 
 import anyio
@@ -63,6 +64,7 @@ class Supervised:
         self._prepare_child = prepare
         self._reaper = reaper
         self.state = "starting"  # from creation: run() is about to start it
+        self.state_since = time.monotonic()  # for status: how long a build or a start has run
         self.pid: int | None = None
         self.restarts = 0
         self.last_exit: str | None = None
@@ -106,6 +108,8 @@ class Supervised:
 
     # --- the loop -------------------------------------------------------------------------
     def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state_since = time.monotonic()
         self.state = state
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -16,6 +16,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -25,6 +26,7 @@ from launcher.env import resolve_argv
 from launcher.process import ChildSpec
 from manifests import BundleManifest, LoadedModule
 from toolchains.build import find_repo_root, stage_bundle
+from toolchains.progress import BuildProgress
 
 log = logging.getLogger("mesh.source")
 
@@ -107,11 +109,18 @@ def build_from_source(
         stamp_path.write_bytes(msgspec.json.encode(_Stamp(digest, stamp.env, listing)))
         log.info("bundle %s/%s: built from these sources already; reusing it", loaded.module.name, spec.name)
         return target, stamp.env
-    log.info("bundle %s/%s: building from source (%s)", loaded.module.name, spec.name, spec.language)
+    key = f"{loaded.module.name}/{spec.name}"
+    log.info("bundle %s: building from source (%s)", key, spec.language)
     work = target.with_name(target.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    output = stage_bundle(loaded, spec, work, progress=progress)
+    started = time.monotonic()
+    # Plain lines (a node's output is a log): "still building ... after N s" while the compiler is silent.
+    with BuildProgress(progress, live=False) as clock:
+        clock.start(key, spec.language)
+        output = stage_bundle(loaded, spec, work, progress=clock)
+        clock.done(key)
+    log.info("bundle %s: built from source in %.1f s", key, time.monotonic() - started)
     stamp_path.unlink(missing_ok=True)
     shutil.rmtree(target, ignore_errors=True)
     work.rename(target)

@@ -14,11 +14,18 @@ The build is reproducible, wherever the checkout and the cache are:
 - Symbols are stripped, and `--locked` builds the committed Cargo.lock as it is.
 The same source, lock file and Rust version give the same bytes. Nothing is written into the
 source tree: the copy and cargo's target folder both live under the cache.
+
+Built once: the scratch workspace and the target folder are keyed by the Rust version and the
+bundle's Cargo.lock, not by the module's name, so a renamed copy of a module, or another bundle
+locked to the same crates, reuses every compiled dependency (only its own crate is compiled).
+The workspace's path is the same for every build under one key, so the flags that name it (the
+path remap) are the same too and cargo's fingerprints of the dependencies still hold.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -49,7 +56,7 @@ class RustToolchain:
         self._tools()
 
     def build(self, ctx: BuildContext) -> BuildOutput:
-        cargo, host = self._tools()
+        cargo, host, release = self._tools()
         source = ctx.source_dir.resolve()
         name = _binary_name(ctx)
         for needed, why in (
@@ -67,12 +74,13 @@ class RustToolchain:
                 f"rustc builds for {host}; bundles run on linux amd64 or arm64 nodes",
             )
 
-        # Each bundle has its own scratch workspace and target folder: builds of different
-        # bundles then neither clash nor invalidate each other's compiled dependencies.
-        home = (ctx.cache_dir / ctx.module.module.name / ctx.bundle.name).resolve()
+        home = _shared_home(ctx.cache_dir, release, source)
         home.mkdir(parents=True, exist_ok=True)
         with open(home / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one build of this bundle at a time shares the scratch copy
+            # One build at a time per key: the builds under it share the scratch copy and the target.
+            if not _try_lock(lock):
+                ctx.log(f"rust: waiting for another build that shares {home.name} (the same Rust and Cargo.lock)")
+                fcntl.flock(lock, fcntl.LOCK_EX)
             workspace, package = _mirror(ctx, source, home / "workspace")
             target = home / "target"
             env = _build_env(cargo, workspace, target)
@@ -88,8 +96,8 @@ class RustToolchain:
         output.chmod(0o755)
         return BuildOutput(os="linux", arch=arch)
 
-    def _tools(self) -> tuple[str, str]:
-        """cargo's path and rustc's host triple; ToolchainMissing when either is absent or too old."""
+    def _tools(self) -> tuple[str, str, str]:
+        """cargo's path, rustc's host triple and release; ToolchainMissing when absent or too old."""
         cargo = _find("cargo")
         rustc = _find("rustc")
         if cargo is None:
@@ -113,7 +121,22 @@ class RustToolchain:
                 f"rustc {MIN_RUST[0]}.{MIN_RUST[1]}+ (found {found})",
                 "`rustup update stable`, or " + INSTALL_HINT,
             )
-        return cargo, host[1]
+        full = re.search(r"^release: (\S+)", info, re.M)
+        return cargo, host[1], full[1] if full else f"{release[1]}.{release[2]}"
+
+
+def _shared_home(cache_dir: Path, release: str, source: Path) -> Path:
+    """The cache folder of every build with this Rust release and this Cargo.lock."""
+    digest = hashlib.sha256((source / "Cargo.lock").read_bytes()).hexdigest()[:16]
+    return (cache_dir / "shared" / f"rustc-{release}-lock-{digest}").resolve()
+
+
+def _try_lock(lock: object) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[arg-type]
+        return True
+    except BlockingIOError:
+        return False
 
 
 def _cargo_home() -> Path:

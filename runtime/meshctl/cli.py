@@ -50,6 +50,7 @@ from runtime.units import (
 from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import BuildError, build_module, find_repo_root
+from toolchains.progress import BuildProgress
 
 log = logging.getLogger("mesh.cli")
 
@@ -154,6 +155,14 @@ def _node_name(args: argparse.Namespace, found: str | None) -> str:
     return _checked_node(name)
 
 
+def _state_shown(bundle: dict[str, Any]) -> str:
+    """The state, with how long it has lasted where that is news: a build, a start, a backoff."""
+    since = bundle.get("state_for_s")
+    if bundle["state"] in ("building", "starting", "backoff") and isinstance(since, (int, float)):
+        return f"{bundle['state']} ({since:.0f} s)"
+    return str(bundle["state"])
+
+
 def cmd_node_status(args: argparse.Namespace) -> int:
     cfg, found = client_config(args)
     name = _node_name(args, found)
@@ -177,7 +186,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
                 kind,
                 b["language"],
                 b.get("runs", "node"),
-                b["state"],
+                _state_shown(b),
                 str(b["pid"] or "-"),
                 str(b["restarts"]),
                 str(len(b["tools"])) if kind == "tools" else "-",
@@ -325,8 +334,9 @@ def cmd_module_check(args: argparse.Namespace) -> int:
 
 def cmd_bundle_build(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    for module_dir in args.modules:
-        build_module(Path(module_dir), out, progress=lambda line: print(line, flush=True))
+    with BuildProgress() as progress:  # a live line on a terminal, plain lines otherwise
+        for module_dir in args.modules:
+            build_module(Path(module_dir), out, progress=progress)
     return 0
 
 

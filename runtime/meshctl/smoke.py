@@ -32,6 +32,7 @@ from runtime.config import NatsConfig
 from runtime.meshctl.deliver import deliver
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import build_module
+from toolchains.progress import BuildProgress
 
 SERVICE_STABLE_S = 2.0
 
@@ -69,14 +70,15 @@ def run_smoke(bundles_dir: Path, timeout: float, keep: bool) -> int:
     artifacts: dict[str, list[Path]] = {}
     failures: dict[str, str] = {}
     _print(f"smoke: building {len(modules)} modules into {out}")
-    for module_dir in modules:
-        name = module_dir.name
-        try:
-            artifacts[name] = build_module(module_dir, out, progress=lambda line: _print(f"  {line}"))
-        except (ToolchainMissing, BuildFailed) as e:
-            failures[name] = f"build failed: {str(e).splitlines()[0]}"
-        except Exception as e:  # any other build error is this module's, reported in the table
-            failures[name] = f"build failed: {type(e).__name__}: {e}"
+    with BuildProgress(lambda line: _print(f"  {line}")) as progress:
+        for module_dir in modules:
+            name = module_dir.name
+            try:
+                artifacts[name] = build_module(module_dir, out, progress=progress)
+            except (ToolchainMissing, BuildFailed) as e:
+                failures[name] = f"build failed: {str(e).splitlines()[0]}"
+            except Exception as e:  # any other build error is this module's, reported in the table
+                failures[name] = f"build failed: {type(e).__name__}: {e}"
     node_name = f"smoke-{os.getpid()}"
     state = work / "state"
     log_path = work / "node.log"

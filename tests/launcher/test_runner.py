@@ -171,3 +171,22 @@ async def test_a_build_that_fails_leaves_the_runner_failed_until_reset(script: S
     await runner.reach("ready")
     assert len(builds) == 2
     await stop(runner, task)
+
+
+async def test_status_says_how_long_a_build_has_been_running(script: Script) -> None:
+    release = asyncio.Event()
+
+    async def prepare() -> ChildSpec:
+        await release.wait()
+        return ChildSpec(argv=["fake"], cwd="/", env={})
+
+    runner = RecordingRunner(replace(runner_spec(), prepare=prepare))
+    task = run(runner)
+    await runner.reach("building")
+    await asyncio.sleep(0.3)
+    status = runner.status()
+    assert status.state == "building" and status.state_for_s >= 0.3
+    release.set()
+    await runner.reach("ready")
+    assert runner.status().state_for_s < status.state_for_s  # the clock restarts with the state
+    await stop(runner, task)
