@@ -12,6 +12,9 @@ as it is in this checkout and as it was at BEFORE (a git ref, extracted into
 The lean msgspec client (`lean.py`) drives every child the same way, so what differs is the
 child. Ratios to the raw child are taken within a round; the table shows medians over rounds.
 Every child also answers `initialize` for each MCP revision it claims (checked once).
+
+With Go installed, two more rows: hello-go (the Go SDK) with the collector as Go sets it by
+default (GOGC=100, as before issue 16) and as the SDK's Serve sets it (GOGC=200); its `greet`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +42,9 @@ WORK = ROOT / "bench" / ".work"
 BEFORE = "1531ff0"
 REVISIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 ARGS = b'{"text":"hello"}'
+# (after, before): the rows compared within each round.
+PAIRS = (("sdk def", "sdk-before def"), ("sdk async", "sdk-before async"), ("go", "go GOGC=100"))
+Child = tuple[list[str], dict[str, str], str, bytes]  # argv, env, tool, arguments
 
 
 def _sdk_before(ref: str) -> Path:
@@ -53,19 +60,37 @@ def _sdk_before(ref: str) -> Path:
     return folder
 
 
-def children(before: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+def _hello_go() -> Path | None:
+    """bundles/hello-go built once into bench/.work (None without Go)."""
+    if shutil.which("go") is None:
+        return None
+    binary = WORK / "hello-go-bench"
+    source = ROOT / "bundles" / "hello-go" / "src"
+    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
+    subprocess.run(["go", "build", "-o", str(binary), "."], cwd=source, env=env, check=True)
+    return binary
+
+
+def children(before: str) -> dict[str, Child]:
     py = sys.executable
-    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GOGC")}
     now = str(ROOT / "sdk" / "python")
     then = str(_sdk_before(before))
     echo = str(ROOT / "bench" / "sdk_echo.py")
-    return {
-        "raw": ([py, str(ROOT / "bench" / "echo_child.py")], base),
-        "sdk-before def": ([py, echo], {**base, "PYTHONPATH": then}),
-        "sdk def": ([py, echo], {**base, "PYTHONPATH": now}),
-        "sdk-before async": ([py, echo], {**base, "PYTHONPATH": then, "BENCH_SDK_ASYNC": "1"}),
-        "sdk async": ([py, echo], {**base, "PYTHONPATH": now, "BENCH_SDK_ASYNC": "1"}),
+    found: dict[str, Child] = {
+        "raw": ([py, str(ROOT / "bench" / "echo_child.py")], base, "echo", ARGS),
+        "sdk-before def": ([py, echo], {**base, "PYTHONPATH": then}, "echo", ARGS),
+        "sdk def": ([py, echo], {**base, "PYTHONPATH": now}, "echo", ARGS),
+        "sdk-before async": ([py, echo], {**base, "PYTHONPATH": then, "BENCH_SDK_ASYNC": "1"}, "echo", ARGS),
+        "sdk async": ([py, echo], {**base, "PYTHONPATH": now, "BENCH_SDK_ASYNC": "1"}, "echo", ARGS),
     }
+    go = _hello_go()
+    if go is not None:
+        facts = {"MESH_NODE": "bench", "MESH_MODULE": "hello-go", "MESH_BUNDLE": "tools"}
+        facts |= {"MESH_BUNDLE_DIR": str(WORK), "MESH_DATA_DIR": str(WORK / "data")}
+        found["go GOGC=100"] = ([str(go)], {**base, **facts, "GOGC": "100"}, "greet", b'{"name":"hello"}')
+        found["go"] = ([str(go)], {**base, **facts}, "greet", b'{"name":"hello"}')
+    return found
 
 
 async def _started(argv: list[str], env: dict[str, str]) -> tuple[LeanClient, float]:
@@ -98,21 +123,23 @@ async def revisions(argv: list[str], env: dict[str, str]) -> list[str]:
     return answered
 
 
-async def cpu_per_call(argv: list[str], env: dict[str, str], calls: int) -> tuple[float, float]:
+async def cpu_per_call(
+    argv: list[str], env: dict[str, str], calls: int, tool: str, args: bytes
+) -> tuple[float, float]:
     """Child CPU us per call: calls one after the other, then 32 in flight."""
     client, _ = await _started(argv, env)
     try:
         for _ in range(200):  # warm-up: lazy imports, caches, worker threads
-            await client.call("echo", ARGS)
+            await client.call(tool, args)
         start = cpu_ns(client.pid)
         for _ in range(calls):
-            await client.call("echo", ARGS)
+            await client.call(tool, args)
         seq = (cpu_ns(client.pid) - start) / calls / 1000
         sem = asyncio.Semaphore(32)
 
         async def one() -> None:
             async with sem:
-                await client.call("echo", ARGS)
+                await client.call(tool, args)
 
         start = cpu_ns(client.pid)
         await asyncio.gather(*(one() for _ in range(calls)))
@@ -124,22 +151,26 @@ async def cpu_per_call(argv: list[str], env: dict[str, str], calls: int) -> tupl
 
 async def run(rounds: int, calls: int, starts: int, before: str) -> int:
     kids = children(before)
-    for name, (argv, env) in kids.items():
+    for name, (argv, env, _, _) in kids.items():
         print(f"{name:18} revisions answered: {', '.join(await revisions(argv, env))}", flush=True)
     rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in kids}
     ratios: dict[str, list[tuple[float, float, float]]] = {name: [] for name in kids}
     names = list(kids)
+    changes: dict[str, list[tuple[float, ...]]] = {}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]  # a different child first each round
         got: dict[str, tuple[float, float, float]] = {}
         for name in order:
-            argv, env = kids[name]
+            argv, env, tool, args = kids[name]
             up = await startup(argv, env, starts)
-            seq, conc = await cpu_per_call(argv, env, calls)
+            seq, conc = await cpu_per_call(argv, env, calls, tool, args)
             got[name] = (up, seq, conc)
             rows[name].append(got[name])
         for name in names:
             ratios[name].append(tuple(a / b for a, b in zip(got[name], got["raw"])))  # type: ignore[arg-type]
+        for after, before_name in PAIRS:
+            if after in got and before_name in got:
+                changes.setdefault(after, []).append(tuple(a / b for a, b in zip(got[after], got[before_name])))
         print(f"round {r + 1}/{rounds} done", flush=True)
     load = os.getloadavg()
     print(f"\nPython SDK child against a raw Python child: {rounds} round(s), {calls} calls per phase, medians;")
@@ -152,6 +183,11 @@ async def run(rounds: int, calls: int, starts: int, before: str) -> int:
             f"{name:18} {med[0]:10.3f} {med[1]:16.1f} {med[2]:16.1f}   "
             f"{rat[0]:.2f}x {rat[1]:.2f}x {rat[2]:.2f}x"
         )
+    print(f"\n{'after / before, same round':30} {'start-up':>9} {'CPU seq':>9} {'CPU @32':>9}")
+    for after, before_name in PAIRS:
+        if after in changes:
+            rat = [statistics.median(v[i] for v in changes[after]) for i in range(3)]
+            print(f"{after + ' / ' + before_name:30} {rat[0]:8.2f}x {rat[1]:8.2f}x {rat[2]:8.2f}x")
     return 0
 
 

@@ -85,13 +85,12 @@ def _build_env(ctx: BuildContext) -> dict[str, str]:
         # committed go.mod/go.sum as they are and never edits them.
         GOFLAGS="-mod=readonly",
     )
-    # Go's build cache under the node's cache folder, shared by every module and bundle (it is
-    # keyed by content, so a renamed module or a second state folder builds warm); an explicit
-    # GOCACHE wins. -trimpath keeps the cache's path out of the binary.
-    if not env.get("GOCACHE"):
-        env["GOCACHE"] = str(ctx.cache_dir.resolve() / "go-build")
-    # Downloaded modules stay where go keeps them (GOPATH/pkg/mod: filled ahead for offline
-    # builds); without a HOME (a bare CI or service account) under the toolchain cache folder.
+    # go's caches live under $HOME by default: content-addressed and shared by every module,
+    # bundle and node state folder of the user, so a renamed module builds warm already (moving
+    # them under the toolchain cache would make every fresh cache folder build cold). Without a
+    # HOME (a bare CI or service account) use the toolchain cache folder instead of failing.
+    if not env.get("GOCACHE") and not env.get("HOME") and not env.get("XDG_CACHE_HOME"):
+        env["GOCACHE"] = str(ctx.cache_dir / "go-build")
     if not env.get("GOPATH") and not env.get("HOME"):
         env["GOPATH"] = str(ctx.cache_dir / "gopath")
     return env

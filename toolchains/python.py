@@ -65,8 +65,6 @@ class PythonToolchain:
             return BuildOutput()
         ctx.log(f"python: vendoring dependencies of {ctx.bundle.name!r} into {VENDOR}/")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", SOURCE_DATE_EPOCH="315532800", PIP_NO_INPUT="1")
-        # pip's wheel and download cache under the node's cache folder, shared by every bundle.
-        env.setdefault("PIP_CACHE_DIR", str(ctx.cache_dir.resolve() / "pip-cache"))
         proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ctx.cache_dir)
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr)[-_OUTPUT_TAIL:]
