@@ -9,6 +9,7 @@ here is skipped with the reason shown.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -212,3 +213,19 @@ async def test_progress_and_cancel_over_the_bus_through_a_node(sdk_copy: Path, n
     await check_progress_and_cancel_over_the_bus(
         node_factory, tmp_path / "mods", ["node", str(sdk_copy / "fixtures" / "stdio-server.mjs")], tmp_path / "marker"
     )
+
+
+def test_a_rebuild_keeps_the_installed_packages_but_not_old_sources(
+    built: tuple[Path, BuildOutput, Path], tmp_path: Path
+) -> None:
+    # `built` ran twice on CACHE: the scratch for these packages holds their node_modules now.
+    lines: list[str] = []
+    ctx = dataclasses.replace(build_context(MODULE_DIR, tmp_path / "stage", CACHE), log=lines.append)
+    [scratch] = [p for p in CACHE.glob("ts-shared-*") if p.is_dir() and (p / "bundles" / "hello-typescript").is_dir()]
+    leftover = scratch / "bundles" / "hello-typescript" / "src" / "src" / "removed-since.ts"
+    leftover.write_text("this file is not in the source any more: it must not be built\n")
+    TOOLCHAIN.build(ctx)
+    installs = [line for line in lines if line.startswith("npm ci in ")]
+    assert installs and all(line.endswith(": installed already from this package-lock.json") for line in installs)
+    assert not leftover.exists(), "a file of an earlier build's sources was left in the scratch"
+    assert file_tree(tmp_path / "stage") == file_tree(built[0])

@@ -6,7 +6,11 @@ runs with the node binary alone, starts faster than a tree of packages, and hold
 points out of the bundle.
 
 Steps, all in a scratch copy under ctx.cache_dir (npm and tsc write into the folder they run in,
-and the source tree must stay clean):
+and the source tree must stay clean). The scratch is kept, one per set of packages (by place)
+and their package.json and package-lock.json, with each package's installed node_modules: the
+next build of the same packages (another node state folder, a rebuild after a source change)
+copies the sources in afresh but skips `npm ci` when node_modules was installed from the same
+files (a stamp inside node_modules says from which). Builds sharing a scratch take turns.
 1. Copy the source and every `file:` dependency it names (e.g. `@mesh/sdk` ->
    `file:../../../sdk/typescript`, and theirs in turn) keeping their relative layout, so the
    `file:` paths resolve inside the scratch as they are written.
@@ -23,12 +27,13 @@ cache (`--prefer-offline`), which scripts/setup-typescript.sh fills ahead of an 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -46,7 +51,9 @@ INSTALL_HINT = (
 BUILD_TIMEOUT_S = 900  # a cold npm cache on a slow link
 OUTPUT_TAIL_LINES = 40
 DEPENDENCY_FIELDS = ("dependencies", "devDependencies", "optionalDependencies")
-SCRATCH_PREFIX = "ts-build-"
+SCRATCH_PREFIX = "ts-build-"  # a scratch per build (before issue 16); swept when stale
+SHARED_PREFIX = "ts-shared-"  # a scratch per set of packages and lock files, kept
+INSTALLED_STAMP = ".mesh-installed"  # in node_modules: the digest of what it was installed from
 STALE_SCRATCH_S = 6 * 3600  # far longer than any build; an older scratch was left by a killed one
 
 
@@ -74,8 +81,12 @@ class TypeScriptToolchain:
         root = Path(os.path.commonpath([str(p) for p in packages]))
         ctx.cache_dir.mkdir(parents=True, exist_ok=True)
         _sweep_stale_scratches(ctx.cache_dir)
-        with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix=SCRATCH_PREFIX) as scratch_name:
-            scratch = Path(scratch_name)
+        scratch = _shared_scratch(ctx, packages, root)
+        with open(scratch.with_name(scratch.name + ".lock"), "w") as lock:
+            # One build at a time per scratch: builds with the same packages and locks share it.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for package in packages:
+                _clear_except_installed(scratch / package.relative_to(root))
             for package in packages:
                 _copy_package(package, scratch / package.relative_to(root))
             for package in packages:
@@ -181,6 +192,35 @@ def _copy_package(source: Path, dest: Path) -> None:
     shutil.copytree(source, dest, ignore=ignore, symlinks=True, dirs_exist_ok=True)
 
 
+def _shared_scratch(ctx: BuildContext, packages: list[Path], root: Path) -> Path:
+    """The scratch of every build of these packages (by place) with these package.json and lock files.
+
+    Kept between builds, with each package's installed `node_modules`: a second node state
+    folder or a renamed copy of the module then skips `npm ci` (see `_install_and_compile`).
+    """
+    digest = hashlib.sha256()
+    for package in packages:
+        digest.update(package.relative_to(root).as_posix().encode() + b"\0")
+        for name in ("package.json", "package-lock.json"):
+            path = package / name
+            digest.update(path.read_bytes() if path.is_file() else b"-")
+            digest.update(b"\0")
+    return ctx.cache_dir.resolve() / f"{SHARED_PREFIX}{digest.hexdigest()[:16]}"
+
+
+def _clear_except_installed(folder: Path) -> None:
+    """Empty a package's place in the scratch, keeping its installed packages (node_modules)."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == "node_modules":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def _sweep_stale_scratches(cache_dir: Path) -> None:
     """Remove scratch folders a killed build left behind (each holds a full node_modules)."""
     now = time.time()
@@ -201,9 +241,19 @@ def _install_and_compile(ctx: BuildContext, package: Path, shown: str) -> None:
             f"{shown} has no package-lock.json; run `npm install` there and commit the lock file "
             "(it pins every package, which a reproducible build needs)",
         )
-    ctx.log(f"npm ci in {shown}")
-    # Install scripts stay off: a build runs no code from the registry beyond the compilers it calls.
-    _run(ctx, ["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], package)
+    # What node_modules was installed from; the same again means `npm ci` would install the same.
+    installed = hashlib.sha256(
+        (package / "package.json").read_bytes() + b"\0" + (package / "package-lock.json").read_bytes()
+    )
+    stamp = package / "node_modules" / INSTALLED_STAMP
+    if stamp.is_file() and stamp.read_text() == installed.hexdigest():
+        ctx.log(f"npm ci in {shown}: installed already from this package-lock.json")
+    else:
+        ctx.log(f"npm ci in {shown}")
+        # Install scripts stay off: a build runs no code from the registry beyond the compilers it calls.
+        _run(ctx, ["npm", "ci", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"], package)
+        stamp.parent.mkdir(exist_ok=True)  # a package without dependencies has none
+        stamp.write_text(installed.hexdigest())
     scripts = _read_package_json(ctx, package).get("scripts") or {}
     if "build" in scripts:
         ctx.log(f"npm run build in {shown}")
