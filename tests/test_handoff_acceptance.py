@@ -6,16 +6,16 @@ factor that only agent B's calibration file holds. Entry 1: open -> claimed (B f
 polling) -> resolved, and A's half 2 uses the answer. Entry 2: B cannot answer; one follow-up,
 A replies, B blocks; it never reaches the human. The test starts both and then only watches.
 
-Two ways the agents reach the seat:
+Two ways the agents reach the seat, the same two agent processes in both:
 - over the bus (`test_two_agents_over_the_bus`): a nats-server with the mesh account and one
-  account per agent, a real node serving bundles/handoff, each agent on its own connection.
-  The caller identity then comes from the NATS server's stamp on each request, which the node
-  passes to the child: that is issue 10's work. Until the node does, the seat refuses every
-  open ("no caller identity") and the test is an expected failure, strict, so it turns into a
-  failure to look at the day identity lands and the mark is stale.
+  account per agent (runtime/accounts.py writes the block), a real node serving bundles/handoff,
+  each agent on its own connection. The server stamps each request with the agent's account and
+  user, and the node passes exactly that to the child as `_meta["mesh/caller"]`: the opener and
+  the owner in the log are the server's names for the agents. The clocks run here too, with
+  limits of seconds and nobody calling (`test_the_clocks_over_the_bus_with_nobody_calling`).
 - through a relay (`test_two_agents_through_a_relay`): the test process holds the handoff child
   on stdio, as the node does, and stamps each agent's calls with that agent's identity by the
-  pipe they arrive on. It runs the same two agent processes today.
+  pipe it arrives on: the contract without a bus or a node in the way.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.support.mesh import FAST_CONFIG, NatsServer, NodeProcess, client, wait_state
+from runtime.accounts import accounts_block
+from tests.faults.security_support import ConfiguredServer
+from tests.support.mesh import FAST_CONFIG, NodeProcess, client, wait_state
 from tests.support.sdk import build_context, require
 from tests.support.stdio_client import StdioClient
 from toolchains.go import TOOLCHAIN
@@ -162,8 +164,8 @@ def run_agents(
 # --- through a relay: the test holds the child as the node does -------------------------------
 class Relay:
     """The handoff child on stdio with many calls in flight: each agent's line becomes a
-    tools/call stamped with that agent's caller, answered on the agent's stdin. A stand-in for the
-    node's stamping until the node passes caller identity over the bus (issue 10)."""
+    tools/call stamped with that agent's caller, answered on the agent's stdin, as the node stamps
+    the caller the server names."""
 
     def __init__(self, child: StdioClient) -> None:
         self.child = child
@@ -235,49 +237,29 @@ def test_two_agents_through_a_relay(relay: Relay, tmp_path: Path) -> None:
 
 
 # --- over the bus: a real nats-server with accounts, a real node -------------------------------
-# Set in one place: when the node stamps the caller from the server's request info (issue 10),
-# runtime/identity.py exists and the bus tests must pass.
-IDENTITY_WIRED = (REPO / "runtime" / "identity.py").is_file()
-NEEDS_IDENTITY = pytest.mark.xfail(
-    not IDENTITY_WIRED,
-    strict=True,
-    reason="the node does not yet pass the caller (Nats-Request-Info) to the child as _meta['mesh/caller'] (issue 10)",
-)
 PASSWORD = "handoff-test"
 
 
-def accounts_server(workdir: Path, agents: dict[str, dict[str, Any]]) -> NatsServer:
-    """A nats-server whose mesh account (the node's; JetStream) exports the mesh's subjects as a
-    service, and one account per agent importing it with share: true, so the server stamps every
-    request with the caller's account and user. Users of the mesh account are infrastructure."""
-    blocks = [
-        "MESH: {\n  jetstream: enabled\n  users: [{user: mesh, password: " + PASSWORD + "}]\n"
-        '  exports: [{service: "mesh.seat.>"}, {service: "mesh.tool.>"}]\n}'
-    ]
-    for caller in agents.values():
-        blocks.append(
-            f"{caller['account']}: {{\n  users: [{{user: {caller['user']}, password: {PASSWORD}}}]\n"
-            '  imports: [{service: {account: MESH, subject: "mesh.seat.>"}, share: true},'
-            ' {service: {account: MESH, subject: "mesh.tool.>"}, share: true}]\n}'
-        )
-    workdir.mkdir(parents=True, exist_ok=True)
-    conf = workdir / "accounts.conf"
-    conf.write_text("accounts: {\n" + "\n".join(blocks) + "\n}\n")
-    return NatsServer(workdir, extra=["-c", str(conf)]).start()
+def accounts_server(workdir: Path, agents: dict[str, dict[str, Any]]) -> ConfiguredServer:
+    """The mesh account (the node's, user `mesh`) exporting the mesh's services, and one account per
+    agent importing them with share: true, so the server stamps every request with the caller's
+    account and user. Users of the mesh account are infrastructure."""
+    agent_users = [(c["account"], c["user"], PASSWORD) for c in agents.values()]
+    return ConfiguredServer(workdir, accounts_block([("mesh", PASSWORD)], agent_users)).start()
 
 
-def url_of(server: NatsServer, caller: dict[str, Any]) -> str:
+def url_of(server: ConfiguredServer, caller: dict[str, Any]) -> str:
     return f"nats://{caller['user']}:{PASSWORD}@127.0.0.1:{server.port}"
 
 
 @pytest.fixture
-def bus(tmp_path: Path) -> Iterator[NatsServer]:
+def bus(tmp_path: Path) -> Iterator[ConfiguredServer]:
     server = accounts_server(tmp_path / "nats", {"a": A, "b": B})
     yield server
     server.stop()
 
 
-def start_node(tmp_path: Path, server: NatsServer, name: str, limits: dict[str, str]) -> NodeProcess:
+def start_node(tmp_path: Path, server: ConfiguredServer, name: str, limits: dict[str, str]) -> NodeProcess:
     config = f'[nats]\nuser = "mesh"\npassword = "{PASSWORD}"\n'
     node = NodeProcess(tmp_path, MODULE_DIR, server.url, name, config=FAST_CONFIG + config, env=limits)
     node.wait_log("serving on", timeout=600)  # the first start builds the bundle (SQLite: a minute cold)
@@ -296,7 +278,7 @@ def start_node(tmp_path: Path, server: NatsServer, name: str, limits: dict[str, 
 class BusCaller:
     """One caller's own connection; `call` is a request on mesh.seat.handoff.<verb>."""
 
-    def __init__(self, server: NatsServer, caller: dict[str, Any]) -> None:
+    def __init__(self, server: ConfiguredServer, caller: dict[str, Any]) -> None:
         self.url = url_of(server, caller)
 
     def call(self, verb: str, **arguments: Any) -> dict[str, Any]:
@@ -312,9 +294,11 @@ class BusCaller:
         return asyncio.run(go())
 
 
-def test_the_node_serves_the_seat_to_callers_of_other_accounts(tmp_path: Path, bus: NatsServer, stage: Path) -> None:
-    """Today's half of the bus path: the bundle built and served by a node, reached from an agent's
-    account through the service import; a verb that needs no identity answers."""
+def test_the_node_serves_the_seat_to_callers_of_other_accounts(
+    tmp_path: Path, bus: ConfiguredServer, stage: Path
+) -> None:
+    """The bundle built and served by a node, reached from each agent's account through the
+    service import."""
     node = start_node(tmp_path, bus, "handoff-node", {})
     try:
         listed = BusCaller(bus, A).call("list")
@@ -325,8 +309,7 @@ def test_the_node_serves_the_seat_to_callers_of_other_accounts(tmp_path: Path, b
         assert node.terminate() == 0
 
 
-@NEEDS_IDENTITY
-def test_two_agents_over_the_bus(tmp_path: Path, bus: NatsServer, stage: Path) -> None:
+def test_two_agents_over_the_bus(tmp_path: Path, bus: ConfiguredServer, stage: Path) -> None:
     node = start_node(tmp_path, bus, "handoff-node", {})
     try:
         a_dir, b_dir = workdirs(tmp_path)
@@ -338,8 +321,7 @@ def test_two_agents_over_the_bus(tmp_path: Path, bus: NatsServer, stage: Path) -
         node.terminate()
 
 
-@NEEDS_IDENTITY
-def test_the_clocks_over_the_bus_with_nobody_calling(tmp_path: Path, bus: NatsServer, stage: Path) -> None:
+def test_the_clocks_over_the_bus_with_nobody_calling(tmp_path: Path, bus: ConfiguredServer, stage: Path) -> None:
     """Claim expiry back to open, the second expiry blocked, unanswered blocked: limits of seconds."""
     node = start_node(tmp_path, bus, "handoff-clock", {"HANDOFF_CLAIM_S": "1", "HANDOFF_UNANSWERED_S": "4"})
     try:

@@ -13,26 +13,9 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from runtime.accounts import accounts_block
-from tests.faults.security_support import ConfiguredServer, meshctl, node_config
+from tests.faults.security_support import ConfiguredServer, meshctl
+from tests.support.callers import FORGED_ARGS, FORGED_HEADERS, callers_node, callers_server, connect_as
 from tests.support.mesh import FAST_CONFIG, NodeProcess, make_module, wait_state
-
-CALLERS = [("alice", "alice", "alice-pw"), ("bob", "bob", "bob-pw")]
-LOCAL = "ops/node-admin"
-
-# Everything a caller can write to pass for bob: the header the server owns, headers of its own,
-# an `_meta` and names in the arguments.
-FORGED_HEADERS = {
-    "Nats-Request-Info": json.dumps({"acc": "bob", "user": "bob", "name": "bob-client"}),
-    "X-Caller": "bob",
-    "X-Mesh-Account": "bob",
-}
-FORGED_ARGS = {
-    "_meta": {"mesh/caller": {"account": "bob", "user": "bob", "via": "bus"}},
-    "caller": "bob",
-    "account": "bob",
-    "author": "bob/bob",
-}
 
 
 def caller(account: str, user: str | None, name: str | None, via: str) -> dict[str, Any]:
@@ -47,26 +30,21 @@ async def seen_by_child(nc: Client, subject: str, args: dict[str, Any], headers:
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[tuple[ConfiguredServer, NodeProcess]]:
-    server = ConfiguredServer(tmp_path / "bus", accounts_block([("mesh-node", "mesh-pw")], CALLERS)).start()
+    server = callers_server(tmp_path / "bus")
     make_module(tmp_path / "mods", "who")
-    config = (
-        node_config({"url": server.url, "user": "mesh-node", "password": "mesh-pw"})
-        + f'\n[identity]\nlocal = "{LOCAL}"\n'
-    )
-    node = NodeProcess(tmp_path, tmp_path / "mods", None, "ident", config=config)
+    node = None
     try:
-        node.wait_log("serving on", timeout=20)
+        node = callers_node(tmp_path, server, tmp_path / "mods", "ident")
         yield server, node
     finally:
-        node.kill()
+        if node:
+            node.kill()
         server.stop()
 
 
 async def test_each_caller_is_recorded_as_itself_whatever_it_forges(mesh: tuple[ConfiguredServer, NodeProcess]) -> None:
     server, node = mesh
-    ops = await nats.connect(server.url, user="mesh-node", password="mesh-pw")
-    alice = await nats.connect(server.url, user="alice", password="alice-pw", name="alice-client")
-    bob = await nats.connect(server.url, user="bob", password="bob-pw", name="bob-client")
+    ops, alice, bob = await connect_as(server, None), await connect_as(server, "alice"), await connect_as(server, "bob")
     try:
         await wait_state(ops, node.name, "who/tools", "ready")
         seen = await seen_by_child(alice, "mesh.tool.who.meta", FORGED_ARGS, FORGED_HEADERS)
@@ -97,7 +75,7 @@ async def test_a_mesh_account_client_is_infrastructure_its_header_is_believed(
 ) -> None:
     """Documented, not a hole: inside the mesh account no import stamps, so users there are trusted."""
     server, node = mesh
-    ops = await nats.connect(server.url, user="mesh-node", password="mesh-pw")
+    ops = await connect_as(server, None)
     try:
         await wait_state(ops, node.name, "who/tools", "ready")
         seen = await seen_by_child(ops, "mesh.tool.who.meta", {}, {"Nats-Request-Info": '{"acc":"bob","user":"bob"}'})

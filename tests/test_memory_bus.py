@@ -1,0 +1,219 @@
+"""The memory seat through a real node over a real bus with two caller accounts (alice, bob) and
+the mesh account (the node, and the operator `ops` with the local identity): who wrote what comes
+from the server's stamp on each request, so a member's private scope is its own and no argument,
+header or `_meta` makes one member pass for the other.
+
+The data's survival (child killed, node restarted, upgrade delivered) is in test_memory_node.py;
+1,000 remembers and recalls over the bus are `python -m bench.memory_calls --bus`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from typing import Any, AsyncIterator, Iterator
+
+import pytest
+from nats.aio.client import Client
+
+from tests.faults.security_support import ConfiguredServer
+from tests.support.callers import FORGED_HEADERS, callers_node, callers_server, connect_as
+from tests.support.mesh import ROOT, NodeProcess, wait_state
+
+pytestmark = pytest.mark.slow
+ALICE, BOB = "alice/alice", "bob/bob"
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConfiguredServer, NodeProcess]]:
+    """One bus and one node for the module: the tests write disjoint keys, words and scopes."""
+    base = tmp_path_factory.mktemp("memory-bus")
+    mods = base / "mods"
+    shutil.copytree(ROOT / "bundles" / "memory", mods / "memory", ignore=shutil.ignore_patterns("__pycache__"))
+    server = callers_server(base / "bus")
+    node = None
+    try:
+        node = callers_node(base, server, mods, "memory-bus", init_timeout_s=20)
+        yield server, node
+    finally:
+        if node:
+            node.kill()
+        server.stop()
+
+
+@pytest.fixture
+async def members(mesh: tuple[ConfiguredServer, NodeProcess]) -> AsyncIterator[dict[str | None, Client]]:
+    """alice's, bob's and the operator's (None) own connections, the seat ready."""
+    server, node = mesh
+    conns = {who: await connect_as(server, who) for who in ("alice", "bob", None)}
+    try:
+        await wait_state(conns[None], node.name, "memory/tools", "ready", timeout=60)
+        yield conns
+    finally:
+        for nc in conns.values():
+            await nc.close()
+
+
+async def ask(nc: Client, verb: str, headers: dict[str, str] | None = None, **args: Any) -> dict[str, Any]:
+    """The CallToolResult of memory.<verb> (a tool's refusal included); a runtime error fails."""
+    msg = await nc.request(f"mesh.seat.memory.{verb}", json.dumps(args).encode(), timeout=20, headers=headers)
+    assert not (msg.headers or {}).get("Nats-Service-Error-Code"), (msg.headers, msg.data)
+    return json.loads(msg.data)
+
+
+async def entry(nc: Client, verb: str, headers: dict[str, str] | None = None, **args: Any) -> dict[str, Any]:
+    body = await ask(nc, verb, headers, **args)
+    assert body["isError"] is False, body
+    return body["structuredContent"]
+
+
+def refusal(body: dict[str, Any]) -> str:
+    assert body["isError"] is True, body
+    return body["content"][0]["text"]
+
+
+async def recall(nc: Client, **args: Any) -> list[dict[str, Any]]:
+    return (await entry(nc, "recall", **args))["entries"]
+
+
+async def test_two_members_write_and_read(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    first = await entry(alice, "remember", content="Postgres is the system of record.", type="decision", key="db.sor")
+    assert (first["scope"], first["author"], first["source"]) == ("global", ALICE, "bus")
+    second = await entry(
+        bob, "remember", content="Deploys go out on Tuesdays.", type="convention", key="ops.deploy-day"
+    )
+    assert (second["author"], second["source"]) == (BOB, "bus")
+    # Each reads what the other wrote, with its author as the server stamped it.
+    assert [(e["id"], e["author"]) for e in await recall(bob, key="db.sor")] == [(first["id"], ALICE)]
+    assert [(e["id"], e["author"]) for e in await recall(alice, key="ops.deploy-day")] == [(second["id"], BOB)]
+    # The operator in the mesh account writes with the node's local identity, via local.
+    ops = await entry(members[None], "remember", content="The node runs on two cores.", type="status")
+    assert (ops["author"], ops["source"]) == ("ops/node-admin", "local")
+    # Each one's own private scope is listed for it, and only its own.
+    for nc, owner in ((alice, ALICE), (bob, BOB)):
+        scopes = (await entry(nc, "scopes"))["scopes"]
+        private = [s for s in scopes if s["kind"] == "private"]
+        assert [s["slug"] for s in private] == ["private"] and owner in private[0]["name"], scopes
+
+
+async def test_private_entries_are_invisible_to_the_other_member(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    secret = await entry(
+        alice, "remember", content="Ask about the quartz freeze before Friday.", type="open_question", scope="private"
+    )
+    await entry(alice, "remember", content="Quartz is the ledger's code name.", type="glossary", key="glossary.quartz")
+    # alice sees it: by words, by scope, in her context.
+    assert secret["id"] in [e["id"] for e in await recall(alice, query="quartz freeze")]
+    assert [e["id"] for e in await recall(alice, scope="private")] == [secret["id"]]
+    assert "quartz freeze" in (await entry(alice, "load_context"))["text"]
+    # bob does not: not by words, not in his private scope (his own, empty), not in his context.
+    assert await recall(bob, query="quartz freeze") == []
+    assert await recall(bob, scope="private") == []
+    assert [e["key"] for e in await recall(bob, query="quartz")] == ["glossary.quartz"]
+    context = await entry(bob, "load_context", budget_chars=200_000)
+    assert "freeze" not in context["text"] and secret["id"] not in [e["id"] for e in context["entries"]]
+    assert secret["id"] not in [e["id"] for e in await recall(bob, limit=200)]
+    # Forgetting it by id, or guessing ids: every id bob cannot see answers as one that never was.
+    visible = {e["id"] for e in await recall(bob, limit=200)}
+    for guess in [i for i in range(1, secret["id"] + 4) if i not in visible] + [10**9]:
+        said = refusal(await ask(bob, "forget", id=guess))
+        assert said == f"not found: no entry with id {guess} that you can see; memory.recall finds ids"
+    said = refusal(await ask(bob, "forget", scope="private", key="glossary.quartz"))
+    assert said.startswith("not found")
+    # Nothing was forgotten: alice still has it.
+    assert [e["id"] for e in await recall(alice, scope="private")] == [secret["id"]]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"author": ALICE},
+        {"source": "mcp"},
+    ],
+)
+async def test_authorship_arguments_are_refused_not_ignored(members: dict[str | None, Client], forged: dict) -> None:
+    bob = members["bob"]
+    body = await ask(bob, "remember", content="Forged.", type="decision", key="forged.by-argument", **forged)
+    assert f"argument {next(iter(forged))!r} is refused" in refusal(body)
+    assert await recall(bob, key="forged.by-argument") == []  # nothing half-written
+
+
+async def test_authorship_cannot_be_forged_by_headers_or_meta(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    # bob's request with every header that claims alice: the server replaces Nats-Request-Info,
+    # the node reads nothing else.
+    as_alice = {**FORGED_HEADERS, "Nats-Request-Info": json.dumps({"acc": "alice", "user": "alice"})}
+    as_alice |= {"X-Caller": "alice", "X-Mesh-Account": "alice", "X-Mesh-User": "alice"}
+    written = await entry(
+        bob, "remember", headers=as_alice, content="Written by bob, dressed as alice.", type="status", scope="private"
+    )
+    assert (written["author"], written["source"]) == (BOB, "bus")
+    # It went to bob's private scope, not alice's.
+    assert written["id"] in [e["id"] for e in await recall(bob, scope="private")]
+    assert written["id"] not in [e["id"] for e in await recall(alice, scope="private")]
+    # An `_meta` in the arguments is an argument the verb does not take: refused by the node's
+    # schema check before the child, or by the child; never taken as the caller.
+    msg = await bob.request(
+        "mesh.seat.memory.remember",
+        json.dumps(
+            {
+                "content": "Forged through _meta.",
+                "type": "status",
+                "key": "forged.by-meta",
+                "_meta": {"mesh/caller": {"account": "alice", "user": "alice", "name": None, "via": "local"}},
+            }
+        ).encode(),
+        timeout=20,
+    )
+    headers = msg.headers or {}
+    body = json.loads(msg.data)
+    if headers.get("Nats-Service-Error-Code"):
+        assert headers["Nats-Service-Error-Code"] == "400" and "_meta" in headers.get("Nats-Service-Error", ""), body
+    else:
+        assert "unknown argument '_meta'" in refusal(body)
+    assert await recall(alice, key="forged.by-meta") == []
+
+
+async def test_keys_upsert(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    first = await entry(alice, "remember", content="Retention is 30 days.", type="constraint", key="data.retention")
+    again = await entry(bob, "remember", content="Retention is 90 days.", type="constraint", key="data.retention")
+    assert again["id"] == first["id"] and again["created_at"] == first["created_at"]
+    assert again["updated_at"] > first["updated_at"]
+    assert (again["content"], again["author"]) == ("Retention is 90 days.", BOB)
+    assert [e["content"] for e in await recall(alice, key="data.retention")] == ["Retention is 90 days."]
+    # The same key in another member's private scope is another entry.
+    mine = await entry(alice, "remember", content="I think 60.", type="status", key="data.retention", scope="private")
+    assert mine["id"] != first["id"]
+    assert [e["id"] for e in await recall(bob, key="data.retention")] == [first["id"]]
+
+
+async def test_full_text_search_finds_by_words(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    found = await entry(
+        alice, "remember", content="Refunds are settled through the wombat service within two days.", type="decision"
+    )
+    await entry(alice, "remember", content="Invoices are settled monthly.", type="decision")
+    assert [e["id"] for e in await recall(bob, query="wombat settled")] == [found["id"]]  # any order
+    assert [e["id"] for e in await recall(bob, query="WOMBAT refunds")] == [found["id"]]  # any case
+    assert await recall(bob, query="wombat monthly") == []  # every word must match
+    assert len(await recall(bob, query="settled")) >= 2
+    assert "no words to search for" in refusal(await ask(bob, "recall", query="***"))
+
+
+async def test_archived_scopes_refuse_writes(members: dict[str | None, Client]) -> None:
+    alice, ops = members["alice"], members[None]
+    # Who may create scopes is policy: the default is calls from the mesh account (@local).
+    assert "may not" in refusal(await ask(alice, "create_scope", slug="billing", name="Billing")).lower()
+    created = await entry(ops, "create_scope", slug="billing", name="Billing", description="the billing platform")
+    assert (created["slug"], created["archived"]) == ("billing", False)
+    kept = await entry(alice, "remember", content="Billing closes at midnight UTC.", type="constraint", scope="billing")
+    archived = await entry(ops, "archive_scope", slug="billing")
+    assert archived["archived"] is True
+    assert "archived" in refusal(await ask(alice, "remember", content="One more.", type="status", scope="billing"))
+    assert "archived" in refusal(await ask(alice, "forget", id=kept["id"]))
+    # Read-only, not gone.
+    assert [e["id"] for e in await recall(alice, scope="billing")] == [kept["id"]]
+    assert re.search(r"billing \(project, archived\)", (await ask(alice, "scopes"))["content"][0]["text"])
