@@ -82,3 +82,21 @@ def test_no_local_node_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 2 and "no local node found" in r.stderr and "--nats" in r.stderr
     r = meshctl("node", "status", "--name", "x", "--nats", "nats://127.0.0.1:1", state=tmp_path)
     assert r.returncode == 2 and "cannot connect to NATS" in r.stderr
+
+
+def test_a_reader_that_went_away_is_no_traceback(tmp_path: Path) -> None:
+    """`meshctl ... | head` with the reader gone: exit 141 (as SIGPIPE would), nothing on stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [*MESHCTL, "module", "check", str(ROOT / "bundles" / "hello-python")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

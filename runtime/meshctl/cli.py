@@ -584,7 +584,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so that a reader gone away is caught below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader left (`meshctl call ... | head`): nothing more to tell it, and no traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a program ended by SIGPIPE
     except CliError as e:
         print(f"meshctl: {e}", file=sys.stderr)
         return e.code
