@@ -171,7 +171,9 @@ class BundleRunner(Supervised):
         on_tools: Callable[[BundleRunner], None] = lambda b: None,
         reaper: Reaper | None = None,
         on_progress: Callable[[BundleRunner, msgspec.Raw], None] | None = None,
+        on_state: Callable[[BundleRunner], None] = lambda b: None,
     ) -> None:
+        self._on_state = on_state  # every state change, for the node's change notice
         super().__init__(spec.module, spec.name, spec.restart, spec.child, spec.prepare, reaper)
         self.spec = spec
         self._on_progress = on_progress  # a child's notifications/progress, for the caller that asked
@@ -183,6 +185,9 @@ class BundleRunner(Supervised):
         self._relist = asyncio.Event()
         self._call_timed_out_at = float("-inf")  # loop clock: the last call the child did not answer in time
         self._stdin_limit = spec.health.max_stdin_bytes
+
+    def _state_changed(self) -> None:
+        self._on_state(self)
 
     # --- calls ----------------------------------------------------------------------------
     def begin(

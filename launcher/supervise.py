@@ -113,6 +113,10 @@ class Supervised:
         self.state = state
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        self._state_changed()
+
+    def _state_changed(self) -> None:
+        """Called after every state change; a subclass tells whoever watches (the node's change notice)."""
 
     async def run(self) -> None:
         """Supervise until stop(); never raises for anything a child does."""

@@ -30,6 +30,7 @@ from manifests import BundleManifest
 from .accounts import EmbeddedAccounts
 from .bus import BusError, BusInfo, EmbeddedServer, connect, redact, write_bus_info
 from .calls import CallDesk
+from .changes import ChangeNotice
 from .config import NatsConfig, NodeConfig
 from .delivery import Reconciler
 from .dispatch import Dispatcher
@@ -91,6 +92,7 @@ class Node:
         self.dispatcher: Dispatcher | None = None
         self.desk: CallDesk | None = None  # calls with Mesh-* headers: cancels, progress, objects
         self.service: Service | None = None
+        self.notice: ChangeNotice | None = None  # mesh.events.tools: what this node serves changed
         self.run_id = uuid.uuid4().hex[:16]
         self.reaper = Reaper(self.run_id)
         self.hosting = ServiceHost(config, self.run_id, self.reaper)  # service and step bundles
@@ -228,6 +230,8 @@ class Node:
             raise refused[0]
         if self.nc is not None and self.service is not None:
             await self.service.stop()
+            if self.notice is not None:
+                await self.notice.leaving()
             if self.desk is not None:
                 await self.desk.stop()
             for sub in self._control:
@@ -254,8 +258,10 @@ class Node:
             endpoints=lambda: list(self.table.routes.values()),
             metadata=self._metadata,
         )
+        self.notice = ChangeNotice(self.nc, self.name, self.service.id)
         async with anyio.create_task_group() as watchers_tg:
             await self.service.start()
+            watchers_tg.start_soon(self.notice.run)
             await self.desk.start(self.config.queue_group)
             assert self._bundles_tg is not None
             self.seats.serve(self.nc, self.service.id, self._bundles_tg)
@@ -285,6 +291,7 @@ class Node:
                 sum(len(m.bundles) for m in self.table.modules.values()),
             )
             self._ready.set()
+            self.notice.poke(f"node {self.name} joined")
             await self._stop.wait()
             log.info("node %s stopping: no new calls; answering %d in flight", self.name, self.dispatcher.in_flight)
             await self._drain_subscriptions()
@@ -358,6 +365,7 @@ class Node:
             on_tools=self._tools_changed,
             reaper=self.reaper,
             on_progress=self._progress,
+            on_state=self._bundle_state,
         )
 
     async def remove_module(self, name: str) -> None:
@@ -390,6 +398,11 @@ class Node:
 
     def _tools_changed(self, bundle: BundleRunner) -> None:
         self.table.rebuild()
+        self._bundle_state(bundle)
+
+    def _bundle_state(self, bundle: BundleRunner) -> None:
+        if self.notice is not None:
+            self.notice.poke(f"bundle {bundle.key} {bundle.state}")
 
     # --- subscriptions --------------------------------------------------------------------
     async def _subscribe(self, subject: str) -> None:

@@ -50,6 +50,7 @@ class Route:
         "module",
         "tool",
         "tool_json",
+        "definition_json",
         "bundle",
         "checker",
         "num_requests",
@@ -62,6 +63,8 @@ class Route:
         self.subject, self.kind, self.module, self.bundle = subject, kind, module, bundle
         self.tool = tool.name
         self.tool_json = _encode(tool.name)
+        # The tool's MCP definition, for the Service API's endpoint metadata (the MCP face lists it).
+        self.definition_json = _encode(tool).decode()
         self.checker = compile_schema(tool.inputSchema)
         self.num_requests = 0
         self.num_errors = 0
@@ -74,7 +77,15 @@ class Route:
         return "".join(c if c.isalnum() or c in "-_" else "_" for c in raw)
 
     def metadata(self) -> dict[str, str]:
-        return {"kind": self.kind, "module": self.module, "tool": self.tool, "bundle": self.bundle.key}
+        # Service API metadata is string to string: the definition travels as JSON text.
+        return {
+            "kind": self.kind,
+            "module": self.module,
+            "tool": self.tool,
+            "bundle": self.bundle.key,
+            "state": self.bundle.state,
+            "mcp_tool": self.definition_json,
+        }
 
 
 @dataclass

@@ -31,6 +31,7 @@ from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_nam
 from runtime.delivery import DeliveryError
 from runtime.meshctl.call import run_call
 from runtime.meshctl.deliver import deliver, remove
+from runtime.meshctl.mcp import add_parser as add_mcp_parser
 from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
 from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
 from runtime.meshctl.smoke import run_smoke
@@ -521,6 +522,8 @@ def parser() -> argparse.ArgumentParser:
     tools.add_argument("--json", action="store_true")
     tools.add_argument("--wait", type=float, default=0.5, help="how long to collect answers, seconds")
     tools.set_defaults(func=cmd_tools)
+
+    add_mcp_parser(verbs, bus)
 
     module = verbs.add_parser("module", help="check module manifests")
     module_verbs = module.add_subparsers(dest="module_verb", required=True)

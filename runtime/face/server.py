@@ -1,0 +1,247 @@
+"""The face: an MCP server (the `mcp` package's low-level Server) whose tools are the bus's.
+
+`tools/list` is the catalog (paged, `page_size` a page); `tools/call` is a call through
+`runtime.client.MeshClient` on the tool's subject: the client's cancel cancels the bus call (the
+node sends the child `notifications/cancelled`), the child's progress comes back as the
+client's progress, and a runtime error (404, 503, 504, 413, no responders) is a result with
+`isError: true` carrying the node's message and ways out. The list follows the bus: a message
+on `mesh.events.tools` (docs/mcp.md) makes the face ask every node again, and when what a
+client sees changed, clients are told (`notifications/tools/list_changed` on a 2025-11-25
+session, a `subscriptions/listen` event on the 2026-07-28 revision).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import msgspec
+import pydantic
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from ..callproto import ProgressFrame
+from ..changes import CHANGES_SUBJECT, ChangeEvent
+from ..client import CallError, MeshClient
+from ..service import collect_infos
+from .catalog import Catalog, FaceTool
+
+log = logging.getLogger("mesh.face")
+
+SERVER_NAME = "mesh"
+PAGE_SIZE = 100  # tools per tools/list page
+INFO_WAIT_S = 0.4  # how long the face collects $SRV.INFO answers (nodes answer in a few ms)
+SETTLE_S = 0.05  # after a change message, this long for its siblings before asking the nodes
+LOOK_AGAIN_S = 15.0  # a node that died without a word drops out of the list after at most this
+PROGRESS_KEPT = 64  # progress notifications waiting to go to a slow client; past it the newest are dropped
+GONE_KEPT = 256  # service ids of nodes that said they are leaving, remembered so a late INFO is ignored
+CALL_TIMEOUT_S = 600.0  # the face's own deadline on a call; each bundle's timeout_ms caps it lower
+
+_decode_event = msgspec.json.Decoder(ChangeEvent).decode
+
+
+class FaceServer(Server[Any]):
+    """A low-level Server that says it sends tools/list_changed on every transport's handshake."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
+
+
+def error_result(error: CallError) -> types.CallToolResult:
+    """A runtime error as a tool result: the node's message, its ways out, its facts in _meta."""
+    found = error.body.get("error")
+    facts: dict[str, Any] = found if isinstance(found, dict) else {}
+    kind = facts.get("kind") if isinstance(facts.get("kind"), str) else ""
+    lines = [f"{error.code} {kind}: {error.message}".replace(" :", ":") if kind else f"{error.code}: {error.message}"]
+    ways = facts.get("ways_out")
+    if isinstance(ways, list) and ways:
+        lines.append("ways out:")
+        lines += [f"- {w}" for w in ways if isinstance(w, str)]
+    tail = facts.get("stderr_tail")
+    if isinstance(tail, list) and tail:
+        lines.append("last lines of the tool's stderr:")
+        lines += [f"  {t}" for t in tail[-10:] if isinstance(t, str)]
+    return types.CallToolResult.model_validate(
+        {
+            "content": [{"type": "text", "text": "\n".join(lines)}],
+            "isError": True,
+            "_meta": {"mesh/error": {"code": error.code, "subject": error.subject, **facts}},
+        }
+    )
+
+
+def _refused(text: str) -> types.CallToolResult:
+    return types.CallToolResult.model_validate({"content": [{"type": "text", "text": text}], "isError": True})
+
+
+class Face:
+    """One face on one NATS connection; serves any number of MCP connections (stdio or HTTP)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        catalog: Catalog,
+        *,
+        page_size: int = PAGE_SIZE,
+        info_wait_s: float = INFO_WAIT_S,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        look_again_s: float = LOOK_AGAIN_S,
+    ) -> None:
+        self.nc, self.catalog = nc, catalog
+        self.page_size, self.info_wait_s = page_size, info_wait_s
+        self.call_timeout_s, self.look_again_s = call_timeout_s, look_again_s
+        self.client = MeshClient(nc)
+        self.events = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen streams
+        # 2025-11-25 sessions, told of changes on their own channel; gone with their connection.
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._gone: list[str] = []
+        self._look = anyio.Event()
+        self.refreshed = 0  # how many times the list was rebuilt (tests wait on it)
+        self.server = FaceServer(
+            SERVER_NAME,
+            version="0.1.0",
+            instructions="Every tool served on the mesh's NATS bus. Names: <module>_<tool>, a seat's verb <seat>_<verb>.",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=ListenHandler(self.events, max_subscriptions=256, max_buffered_events=64),
+        )
+        self.server.middleware.append(self._remember_session)
+
+    # --- the list -------------------------------------------------------------------------
+    async def refresh(self) -> bool:
+        """Ask every node now; tell clients when what they see changed. True when it changed."""
+        infos = await collect_infos(self.nc, self.info_wait_s)
+        changed = self.catalog.rebuild(infos, frozenset(self._gone))
+        self.refreshed += 1
+        if changed and self.refreshed > 1:
+            log.info("tools changed: %d shown", len(self.catalog.tools))
+            await self._tell_clients()
+        return changed
+
+    async def _tell_clients(self) -> None:
+        await self.events.publish(ToolsListChanged())
+        for connection in list(self._sessions):
+            try:
+                await connection.send_tool_list_changed()
+            except Exception as e:  # a client that went away: nothing to tell it
+                log.debug("list_changed not delivered: %s", e)
+
+    async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow `mesh.events.tools` (and look again every `look_again_s`); runs until cancelled."""
+        sub = await self.nc.subscribe(CHANGES_SUBJECT, cb=self._on_change)
+        try:
+            await self.refresh()
+            task_status.started()
+            while True:
+                with anyio.move_on_after(self.look_again_s):
+                    await self._look.wait()
+                    await anyio.sleep(SETTLE_S)
+                self._look = anyio.Event()
+                try:
+                    await self.refresh()
+                except Exception as e:  # the bus is back later; the list stays as it was until then
+                    log.warning("could not ask the nodes for their tools: %s", e)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # the connection is already closed
+                    pass
+
+    async def _on_change(self, msg: Msg) -> None:
+        try:
+            event = _decode_event(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            event = None  # not a node's message; still only a reason to look, which costs one INFO
+        if event is not None and event.leaving:
+            self._gone = (self._gone + [event.service_id])[-GONE_KEPT:]
+        self._look.set()
+
+    async def _remember_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            self._sessions.add(ctx.session._connection)
+        return await call_next(ctx)
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = self.catalog.tools
+        start = 0
+        cursor = params.cursor if params is not None else None
+        if cursor:
+            # The cursor is the last name of the page before: a page never repeats or skips a tool
+            # that stayed, even when the list changed in between.
+            start = next((i for i, t in enumerate(tools) if t.name > cursor), len(tools))
+        page = tools[start : start + self.page_size]
+        more = start + self.page_size < len(tools)
+        return types.ListToolsResult(
+            tools=[types.Tool.model_validate(_with_meta(t)) for t in page],
+            next_cursor=page[-1].name if more and page else None,
+        )
+
+    # --- calls ----------------------------------------------------------------------------
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        tool = self.catalog.by_name.get(params.name)
+        if tool is None:
+            known = ", ".join(t.name for t in self.catalog.tools[:20])
+            more = " ..." if len(self.catalog.tools) > 20 else ""
+            return _refused(f"no tool named {params.name!r} on the mesh; tools/list shows them ({known}{more})")
+        send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
+
+        def on_progress(frame: ProgressFrame) -> None:
+            try:
+                send.send_nowait(frame)
+            except anyio.WouldBlock:
+                pass  # a client slower than the tool's progress misses some; the result still comes
+
+        async def forward() -> None:
+            async for frame in receive:
+                await ctx.session.report_progress(frame.progress, frame.total, frame.message)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(forward)
+            try:
+                data = await self.client.call(
+                    tool.subject,
+                    params.arguments or {},
+                    timeout_s=self.call_timeout_s,
+                    on_progress=on_progress,
+                    cancel_reason="the MCP client cancelled the call",
+                )
+            except CallError as e:
+                return error_result(e)
+            finally:
+                send.close()
+        return _checked_result(tool, data)
+
+
+def _with_meta(tool: FaceTool) -> dict[str, Any]:
+    meta = {"mesh/subject": tool.subject, "mesh/nodes": dict(zip(tool.nodes, tool.states))}
+    return {**tool.definition, "_meta": meta}
+
+
+def _checked_result(tool: FaceTool, data: bytes) -> types.CallToolResult:
+    """The tool's CallToolResult as it wrote it; a malformed one is said as an error, not passed on."""
+    try:
+        return types.CallToolResult.model_validate(json.loads(data))
+    except (ValueError, pydantic.ValidationError) as e:
+        return _refused(f"{tool.subject}: the tool answered with something that is not a CallToolResult ({e})"[:2000])

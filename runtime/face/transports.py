@@ -1,0 +1,71 @@
+"""The face over stdio (one client, the process's stdin/stdout) or Streamable HTTP (many).
+
+HTTP is the `mcp` package's Streamable HTTP app: one endpoint (`/mcp`) that speaks both the
+2025-11-25 session (`initialize`, `Mcp-Session-Id`) and the 2026-07-28 stateless revision
+(`server/discover`). The Host and Origin of every request are checked: a browser page of
+another origin cannot reach the mesh's tools through a face on this machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import anyio
+import uvicorn
+from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
+
+from .catalog import FaceError
+from .server import Face
+
+log = logging.getLogger("mesh.face")
+
+MAX_HTTP_SESSIONS = 256  # 2025-11-25 sessions at once; the SDK refuses more with an error
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def http_security(host: str, allow_origins: list[str]) -> TransportSecuritySettings:
+    """Who may talk to the endpoint: loopback names and origins, and those allowed by name."""
+    if not _loopback(host) and not allow_origins:
+        raise FaceError(
+            f"--http on {host} (not loopback) serves the mesh's tools to the network: name the web origins "
+            "that may call it with --allow-origin URL (e.g. --allow-origin https://agent.example:443), "
+            "or bind 127.0.0.1"
+        )
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+    if not _loopback(host):
+        hosts.append(f"{host}:*")
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"] + allow_origins
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+
+
+async def serve_stdio(face: Face) -> None:
+    """One MCP client on stdin/stdout until it closes them."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(face.watch)
+        async with stdio_server() as (read_stream, write_stream):
+            await face.server.run(read_stream, write_stream, face.server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+async def serve_http(face: Face, host: str, port: int, allow_origins: list[str]) -> None:
+    """Streamable HTTP on http://host:port/mcp until cancelled."""
+    app = face.server.streamable_http_app(
+        host=host, transport_security=http_security(host, allow_origins), max_sessions=MAX_HTTP_SESSIONS
+    )
+    config = uvicorn.Config(app, host=host.strip("[]"), port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        await tg.start(face.watch)
+        log.info("MCP face on http://%s:%d/mcp (%d tools)", host, port, len(face.catalog.tools))
+        await server.serve()
+        tg.cancel_scope.cancel()

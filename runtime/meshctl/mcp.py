@@ -1,0 +1,125 @@
+"""`meshctl mcp`: the mesh as one MCP server, over stdio (default) or `--http HOST:PORT`.
+
+`--list` prints what a client would see (name, subject, nodes) and what the patterns left out,
+then exits. Logs go to stderr: stdout belongs to the MCP client on stdio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from runtime.bus import BusError, connect
+from runtime.face.catalog import Catalog, FaceError, FaceTool, load_selection
+from runtime.face.server import Face
+from runtime.face.transports import serve_http, serve_stdio
+from runtime.meshctl.settings import CliError, client_config
+
+CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
+
+
+def add_parser(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser) -> None:
+    mcp = verbs.add_parser(
+        "mcp", help="the mesh as one MCP server: every tool on the bus (stdio, or --http)", parents=[bus]
+    )
+    mcp.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp, not stdio")
+    mcp.add_argument(
+        "--allow-origin", action="append", default=[], metavar="URL", help="a web origin allowed besides loopback"
+    )
+    mcp.add_argument("--only", action="append", default=[], metavar="PATTERN", help="show only matching tools")
+    mcp.add_argument("--except", dest="exclude", action="append", default=[], metavar="PATTERN", help="hide these")
+    mcp.add_argument("--max-tools", type=int, help="show at most this many tools (by name)")
+    mcp.add_argument("--config", metavar="FILE", help="a TOML file of [profiles.<name>] (only, except, max_tools)")
+    mcp.add_argument("--profile", help="the profile of --config to use")
+    mcp.add_argument("--page-size", type=int, default=100, help="tools per tools/list page (default 100)")
+    mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
+    mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
+    mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
+    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp.set_defaults(func=cmd_mcp)
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
+    return host or "127.0.0.1", int(port)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.page_size < 1:
+        raise CliError(f"--page-size {args.page_size}: give a whole number of at least 1")
+    address = _address(args.http) if args.http else None
+    try:
+        selection = load_selection(
+            Path(args.config) if args.config else None, args.profile, args.only, args.exclude, args.max_tools
+        )
+    except FaceError as e:
+        raise CliError(str(e)) from None
+    cfg, _ = client_config(args)
+
+    async def run() -> int:
+        try:
+            nc = await connect(cfg, CLIENT_NAME, quiet=True)
+        except BusError as e:
+            raise CliError(str(e)) from None
+        face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait)
+        try:
+            if args.list:
+                await face.refresh()
+                _print_list(face.catalog, args.json)
+                return 0
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                        async for _ in signals:
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(stop_on_signal)
+                if address is None:
+                    await serve_stdio(face)
+                else:
+                    await serve_http(face, address[0], address[1], args.allow_origin)
+                tg.cancel_scope.cancel()
+            return 0
+        except FaceError as e:
+            raise CliError(str(e)) from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await face.client.close()
+                await nc.close()
+
+    return anyio.run(run)
+
+
+def _print_list(catalog: Catalog, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([_row(t) for t in catalog.tools], indent=2))
+        return
+    rows = [("NAME", "SUBJECT", "NODES")] + [(t.name, t.subject, _nodes(t)) for t in catalog.tools]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    hidden = f"; {len(catalog.left_out)} left out by the patterns" if catalog.left_out else ""
+    print(f"{len(catalog.tools)} tools shown{hidden}")
+    for t in catalog.left_out:
+        print(f"  left out: {t.name} ({t.subject})", file=sys.stdout)
+
+
+def _nodes(tool: FaceTool) -> str:
+    return ",".join(f"{n}({s})" if s != "ready" else n for n, s in zip(tool.nodes, tool.states))
+
+
+def _row(tool: FaceTool) -> dict[str, object]:
+    return {"name": tool.name, "subject": tool.subject, "nodes": dict(zip(tool.nodes, tool.states)), **tool.definition}
