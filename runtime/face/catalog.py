@@ -160,7 +160,7 @@ class Catalog:
         self._said: set[str] = set()
         self._said_cap = 4096  # notes remembered; past it they may be said again
 
-    def rebuild(self, infos: list[dict[str, Any]], gone: set[str] | frozenset[str] = frozenset()) -> bool:
+    def rebuild(self, infos: list[Any], gone: set[str] | frozenset[str] = frozenset()) -> bool:
         """Take a new set of INFO answers; True when what a client sees changed."""
         seen: dict[str, _Seen] = {}
         notes: list[str] = []
@@ -205,7 +205,7 @@ class Catalog:
         shown_names = {t.name for t in shown}
         self.left_out = [t for t in all_tools if t.name not in shown_names]
         self._say(notes + name_notes)
-        changed = [t.definition for t in shown] != [t.definition for t in self.tools]
+        changed = shown != self.tools  # names, definitions, nodes and their bundles' states
         self.tools = shown
         self.by_name = {t.name: t for t in shown}
         return changed

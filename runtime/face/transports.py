@@ -8,8 +8,11 @@ another origin cannot reach the mesh's tools through a face on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import signal
+from typing import Iterator
 
 import anyio
 import uvicorn
@@ -57,15 +60,29 @@ async def serve_stdio(face: Face) -> None:
         tg.cancel_scope.cancel()
 
 
-async def serve_http(face: Face, host: str, port: int, allow_origins: list[str]) -> None:
-    """Streamable HTTP on http://host:port/mcp until cancelled."""
-    app = face.server.streamable_http_app(
-        host=host, transport_security=http_security(host, allow_origins), max_sessions=MAX_HTTP_SESSIONS
-    )
+async def serve_http(face: Face, host: str, port: int, security: TransportSecuritySettings) -> None:
+    """Streamable HTTP on http://host:port/mcp until cancelled; `security` from `http_security`."""
+    app = face.server.streamable_http_app(host=host, transport_security=security, max_sessions=MAX_HTTP_SESSIONS)
     config = uvicorn.Config(app, host=host.strip("[]"), port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    server = _Uvicorn(config)
     async with anyio.create_task_group() as tg:
         await tg.start(face.watch)
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    server.should_exit = True  # uvicorn closes its sessions and returns from serve()
+                    return
+
+        tg.start_soon(stop_on_signal)
         log.info("MCP face on http://%s:%d/mcp (%d tools)", host, port, len(face.catalog.tools))
         await server.serve()
         tg.cancel_scope.cancel()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the face's task group owns SIGINT and SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

@@ -18,7 +18,7 @@ import anyio
 from runtime.bus import BusError, connect
 from runtime.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.face.server import Face
-from runtime.face.transports import serve_http, serve_stdio
+from runtime.face.transports import http_security, serve_http, serve_stdio
 from runtime.meshctl.settings import CliError, client_config
 
 CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
@@ -63,6 +63,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         selection = load_selection(
             Path(args.config) if args.config else None, args.profile, args.only, args.exclude, args.max_tools
         )
+        security = http_security(address[0], args.allow_origin) if address is not None else None
     except FaceError as e:
         raise CliError(str(e)) from None
     cfg, _ = client_config(args)
@@ -78,6 +79,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 await face.refresh()
                 _print_list(face.catalog, args.json)
                 return 0
+            if address is not None and security is not None:
+                await serve_http(face, address[0], address[1], security)  # stops on SIGINT/SIGTERM itself
+                return 0
             async with anyio.create_task_group() as tg:
 
                 async def stop_on_signal() -> None:
@@ -87,14 +91,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                             return
 
                 tg.start_soon(stop_on_signal)
-                if address is None:
-                    await serve_stdio(face)
-                else:
-                    await serve_http(face, address[0], address[1], args.allow_origin)
+                await serve_stdio(face)  # until the client closes stdin
                 tg.cancel_scope.cancel()
             return 0
-        except FaceError as e:
-            raise CliError(str(e)) from None
         finally:
             with anyio.CancelScope(shield=True):
                 await face.client.close()
