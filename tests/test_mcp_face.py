@@ -8,6 +8,7 @@ the patterns, profiles and pages that choose what a client sees.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,17 +22,22 @@ from mcp.shared.subscriptions import ToolsListChanged
 
 from tests.support.face import (
     CONFIG,
+    INSPECTOR,
     LANGUAGES,
+    NODE22,
+    TS_CLIENT,
     Mesh,
+    face_command,
     http_face,
     meshctl_mcp,
+    require_clients,
     start_mesh,
     stdio_face,
     stop_mesh,
     wait_file,
     wait_ready,
 )
-from tests.support.mesh import NatsServer, NodeProcess, client, make_module, wait_state
+from tests.support.mesh import ROOT, NatsServer, NodeProcess, client, make_module, wait_state
 from tests.support.sdk import require
 from toolchains.go import TOOLCHAIN as GO
 from toolchains.typescript import TOOLCHAIN as TYPESCRIPT
@@ -266,3 +272,43 @@ def test_list_patterns_and_profiles(mesh: Mesh, tmp_path: Path) -> None:
     assert [r["name"] for r in small] == sorted(r["name"] for r in rows)[:2]
     unknown = meshctl_mcp(mesh.url, "--list", "--config", str(config), "--profile", "nope")
     assert unknown.returncode == 2 and "has no profile 'nope'; it has: seats, small" in unknown.stderr
+
+
+# --- other clients: the TypeScript SDK, the MCP Inspector's CLI ------------------------------------
+
+
+def _node(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_typescript_sdk_client_over_stdio_and_http(mesh: Mesh, tmp_path: Path) -> None:
+    for mode in ("stdio", "http"):
+        with http_face(mesh.url, tmp_path / f"face-{mode}.log") as endpoint:
+            target = json.dumps(face_command(mesh.url)) if mode == "stdio" else endpoint
+            done = _node("node", str(TS_CLIENT), mode, target, *LANGUAGES)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        assert seen["server"]["name"] == "mesh" and seen["listChanged"] is True
+        assert {t["name"] for t in seen["tools"]} >= {*LANGUAGES, "echo_say", "clock_now"}
+        assert {"name": "hello-go_greet", "subject": "mesh.tool.hello-go.greet"} in seen["tools"]
+        for name in LANGUAGES:
+            assert seen["calls"][name]["isError"] is False
+            assert seen["calls"][name]["text"].startswith("Hello, Ada!"), (mode, seen["calls"])
+
+
+def test_mcp_inspector_cli_over_stdio_and_http(mesh: Mesh, tmp_path: Path) -> None:
+    require_clients()
+    with http_face(mesh.url, tmp_path / "face.log") as endpoint:
+        for target in (face_command(mesh.url), [endpoint, "--transport", "http"]):
+            inspector = [str(NODE22), str(INSPECTOR), "--cli", *target]
+            listed = _node(*inspector, "--method", "tools/list")
+            assert listed.returncode == 0, listed.stderr
+            names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
+            assert names >= set(LANGUAGES)
+            for name in LANGUAGES:
+                called = _node(*inspector, "--method", "tools/call", "--tool-name", name, "--tool-arg", "name=Ada")
+                assert called.returncode == 0, called.stderr
+                result = json.loads(called.stdout)
+                assert result["isError"] is False and result["content"][0]["text"].startswith("Hello, Ada!")
+            failed = _node(*inspector, "--method", "tools/call", "--tool-name", "hello-python_greet")
+            assert '"isError": true' in failed.stdout and "400 bad_request" in failed.stdout, failed.stdout

