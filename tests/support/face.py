@@ -162,8 +162,8 @@ def face_command(url: str) -> list[str]:
 
 
 def require_clients() -> None:
-    """The Inspector and Node 22 (scripts/setup-mcp-clients.sh); the test says so when they are missing."""
+    """The Inspector and Node 22 (scripts/setup-typescript.sh); the test says so when they are missing."""
     if not NODE22.exists() or not INSPECTOR.exists():
-        reason = f"{NODE22} or {INSPECTOR} missing: run scripts/setup-mcp-clients.sh (setup.sh runs it)"
+        reason = f"{NODE22} or {INSPECTOR} missing: run scripts/setup-typescript.sh (setup.sh runs it)"
         print(f"SKIPPED: {reason}")
         pytest.skip(reason)
