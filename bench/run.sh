@@ -10,6 +10,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 MCP_PROXY_VERSION="0.13.0"
+FASTMCP_VERSION="4.2.3"
 SUPERGATEWAY_VERSION="4.0.0"
 envs="bench/.envs"
 
@@ -36,4 +37,15 @@ if [ ! -e "$envs/supergateway/node_modules/.bin/supergateway" ]; then
   fi
 fi
 
+if [ ! -x "$envs/fastmcp/bin/python" ] || ! "$envs/fastmcp/bin/python" -c 'import fastmcp' 2>/dev/null; then
+  echo "bench: installing fastmcp $FASTMCP_VERSION into $envs/fastmcp"
+  python3 -m venv "$envs/fastmcp"
+  "$envs/fastmcp/bin/python" -m pip install --disable-pip-version-check --quiet "fastmcp==$FASTMCP_VERSION" \
+    || echo "bench: could not install fastmcp; its row will say so" >&2
+fi
+
+if [ "${1:-}" = "--face" ]; then
+  shift
+  exec .venv/bin/python -m bench.face "$@"   # the MCP face beside FastMCP's proxy, mcp-proxy, supergateway
+fi
 exec .venv/bin/python -m bench "$@"

@@ -122,6 +122,9 @@ class Face:
             on_call_tool=self._call_tool,
             on_subscriptions_listen=ListenHandler(self.events, max_subscriptions=256, max_buffered_events=64),
         )
+        # The SDK's OpenTelemetry middleware opens a span per message even with no exporter; the face
+        # is a hop on a hot path, and the node's own stats say what each call cost.
+        self.server.middleware = [m for m in self.server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
         self.server.middleware.append(self._remember_session)
 
     # --- the list -------------------------------------------------------------------------
