@@ -24,7 +24,11 @@ MESH_EXPORTS = (
     ("mesh.seat.>", 'response_type: stream, response_threshold: "10m"'),
     ("mesh.cancel.*", ""),
     ("mesh.fetch.>", "response_type: stream"),
+    # The tool list for callers' MCP faces (`meshctl mcp`): every node answers one INFO request.
+    ("$SRV.INFO.mesh-node", "response_type: stream"),
 )
+# Messages the mesh account publishes for its callers: the nodes' change notices (runtime/changes.py).
+MESH_STREAMS = ("mesh.events.tools",)
 SECRET_FILE_MODE = 0o600
 
 
@@ -36,7 +40,10 @@ def _q(text: str) -> str:
 def accounts_block(mesh_users: list[tuple[str, str]], callers: list[tuple[str, str, str]]) -> str:
     """An `accounts { ... }` block: (user, password) in the mesh account, (account, user, password) callers."""
     users = ", ".join(f"{{ user: {_q(u)}, password: {_q(p)} }}" for u, p in mesh_users)
-    exports = ", ".join(f"{{ service: {_q(s)}{', ' + o if o else ''} }}" for s, o in MESH_EXPORTS)
+    exports = ", ".join(
+        [f"{{ service: {_q(s)}{', ' + o if o else ''} }}" for s, o in MESH_EXPORTS]
+        + [f"{{ stream: {_q(s)} }}" for s in MESH_STREAMS]
+    )
     lines = [
         "accounts {",
         f"  {MESH_ACCOUNT} {{",
@@ -49,7 +56,8 @@ def accounts_block(mesh_users: list[tuple[str, str]], callers: list[tuple[str, s
     for account, user, password in callers:
         by_account.setdefault(account, []).append((user, password))
     imports = ", ".join(
-        f"{{ service: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }}, share: true }}" for s, _ in MESH_EXPORTS
+        [f"{{ service: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }}, share: true }}" for s, _ in MESH_EXPORTS]
+        + [f"{{ stream: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }} }}" for s in MESH_STREAMS]
     )
     for account, members in by_account.items():
         listed = ", ".join(f"{{ user: {_q(u)}, password: {_q(p)} }}" for u, p in members)

@@ -27,6 +27,7 @@ max_members = 200000
 
 [identity]
 local = "ops/alice"                 # the caller of requests from inside the mesh account
+mcp_faces = ["faces/mcp"]           # callers that are MCP faces: their calls are via "mcp"
 
 [seats]
 lease_ttl_s = 10                    # a dead holder's lease expires after this
@@ -91,6 +92,9 @@ class IdentityConfig(msgspec.Struct, forbid_unknown_fields=True):
     # The caller of a request from inside the mesh account: "account" or "account/user";
     # default the OS user running the node.
     local: str | None = None
+    # NATS callers ("account/user", or "account" for all its users) that are MCP faces (`meshctl
+    # mcp` with its own credentials): the node marks their calls via "mcp" (docs/mcp.md).
+    mcp_faces: list[str] = []
 
 
 class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -188,6 +192,9 @@ def _problem(config: NodeConfig) -> str | None:
     """What msgspec cannot say about a config: values that parse but cannot be used."""
     if config.identity.local is not None and (why := check_local(config.identity.local)):
         return f"identity.local: {why}"
+    for face in config.identity.mcp_faces:
+        if why := check_local(face):
+            return f"identity.mcp_faces: {why}"
     if not 1 <= config.seats.lease_ttl_s <= 3600:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
     seen: set[str] = set()

@@ -121,10 +121,19 @@ class CallerStamp:
 
     CACHE_SIZE = 1024  # distinct callers remembered; past it the cache starts over
 
-    def __init__(self, local: Caller) -> None:
+    def __init__(self, local: Caller, mcp_faces: frozenset[str] = frozenset()) -> None:
         self.local = local
         self.local_meta = self.meta(local)
+        # Callers configured as MCP faces (`[identity] mcp_faces`: "account/user" or "account"):
+        # their calls are marked via "mcp". Read from the server's stamp only, so no client can
+        # claim it; a face is a NATS user of its own in a caller account.
+        self.mcp_faces = mcp_faces
         self._cache: dict[str, bytes] = {}
+
+    def _via(self, caller: Caller) -> Caller:
+        if caller.id in self.mcp_faces or caller.account in self.mcp_faces:
+            return msgspec.structs.replace(caller, via="mcp")
+        return caller
 
     @staticmethod
     def meta(caller: Caller) -> bytes:
@@ -138,7 +147,7 @@ class CallerStamp:
             return self.local_meta
         meta = self._cache.get(value)
         if meta is None:
-            meta = self.meta(caller_from_info(value))
+            meta = self.meta(self._via(caller_from_info(value)))
             if len(self._cache) >= self.CACHE_SIZE:
                 self._cache.clear()
             self._cache[value] = meta

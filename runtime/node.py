@@ -249,7 +249,11 @@ class Node:
         assert self.nc is not None
         self.desk = CallDesk(self.nc, self.config.calls)
         self.dispatcher = Dispatcher(
-            self.nc, self.table, self.name, self.desk, CallerStamp(local_caller(self.config.identity.local))
+            self.nc,
+            self.table,
+            self.name,
+            self.desk,
+            CallerStamp(local_caller(self.config.identity.local), frozenset(self.config.identity.mcp_faces)),
         )
         self.service = Service(
             self.nc,
