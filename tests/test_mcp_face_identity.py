@@ -14,9 +14,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from runtime.accounts import accounts_block
-from tests.faults.security_support import ConfiguredServer, node_config
-from tests.support.mesh import MESHCTL, ROOT, NodeProcess, make_module, wait_state
+from tests.faults.security_support import ConfiguredServer, accounts_mesh
+from tests.support.mesh import MESHCTL, ROOT, NodeProcess, wait_state
 
 CALLERS = [("alice", "alice", "alice-pw"), ("faces", "face", "face-pw")]
 FORGED = {"_meta": {"mesh/caller": {"account": "alice", "user": "alice", "via": "bus"}}, "caller": "alice"}
@@ -24,15 +23,8 @@ FORGED = {"_meta": {"mesh/caller": {"account": "alice", "user": "alice", "via": 
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[tuple[ConfiguredServer, NodeProcess]]:
-    server = ConfiguredServer(tmp_path / "bus", accounts_block([("mesh-node", "mesh-pw")], CALLERS)).start()
-    make_module(tmp_path / "mods", "who")
-    config = (
-        node_config({"url": server.url, "user": "mesh-node", "password": "mesh-pw"})
-        + '\n[identity]\nlocal = "ops/admin"\nmcp_faces = ["faces/face"]\n'
-    )
-    node = NodeProcess(tmp_path, tmp_path / "mods", None, "faceid", config=config)
+    server, node = accounts_mesh(tmp_path, CALLERS, 'local = "ops/admin"\nmcp_faces = ["faces/face"]\n', "faceid")
     try:
-        node.wait_log("serving on", timeout=20)
         ops = await nats.connect(server.url, user="mesh-node", password="mesh-pw")
         await wait_state(ops, node.name, "who/tools", "ready")
         await ops.close()

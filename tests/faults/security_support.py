@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.accounts import accounts_block
 from runtime.bus import free_port, nats_server_binary
-from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, stop_process, wait_port
+from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, NodeProcess, make_module, stop_process, wait_port
 
 # meshctl must answer within this; past it the run is a hang, which is a failure of its own.
 MESHCTL_LIMIT_S = 20.0
@@ -318,3 +319,22 @@ def proc_status(pid: int) -> dict[str, str]:
         key, _, value = line.partition(":")
         out[key] = value.strip()
     return out
+
+
+def accounts_mesh(
+    root: Path, callers: list[tuple[str, str, str]], identity: str, name: str
+) -> tuple[ConfiguredServer, NodeProcess]:
+    """A nats-server with the mesh account (user mesh-node) and these caller accounts, and a node
+    on it serving module `who` (the raw child: its tool `meta` answers the `_meta` it saw) with
+    this `[identity]` table; the node has said "serving on" when this returns."""
+    server = ConfiguredServer(root / "bus", accounts_block([("mesh-node", "mesh-pw")], callers)).start()
+    make_module(root / "mods", "who")
+    config = node_config({"url": server.url, "user": "mesh-node", "password": "mesh-pw"}) + f"\n[identity]\n{identity}"
+    node = NodeProcess(root, root / "mods", None, name, config=config)
+    try:
+        node.wait_log("serving on", timeout=20)
+    except BaseException:
+        node.kill()
+        server.stop()
+        raise
+    return server, node
