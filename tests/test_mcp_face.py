@@ -39,7 +39,7 @@ from tests.support.face import (
     wait_file,
     wait_ready,
 )
-from tests.support.mesh import ROOT, NatsServer, NodeProcess, client, make_module, wait_state
+from tests.support.mesh import MESHCTL, ROOT, NatsServer, NodeProcess, client, make_module, wait_state
 from tests.support.sdk import require
 from toolchains.go import TOOLCHAIN as GO
 from toolchains.typescript import TOOLCHAIN as TYPESCRIPT
@@ -50,12 +50,17 @@ ERAS = ["legacy", "2026-07-28"]  # the 2025-11-25 initialize session, and the st
 
 
 @pytest.fixture(scope="module")
-def mesh(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """One bus and two nodes for the module's tests (starting them, builds included, takes a while)."""
     require(GO)
     require(TYPESCRIPT)
-    m = start_mesh(tmp_path_factory.mktemp("face-mesh"), nats_server.url)
-    yield m
-    stop_mesh(m)
+    bus = NatsServer(tmp_path_factory.mktemp("face-nats")).start()
+    try:
+        m = start_mesh(tmp_path_factory.mktemp("face-mesh"), bus.url)
+        yield m
+        stop_mesh(m)
+    finally:
+        bus.stop()
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -173,9 +178,7 @@ async def _names(c: Client) -> set[str]:
     return {t.name for t in (await c.list_tools()).tools}
 
 
-async def test_list_changed_when_a_node_joins_a_bundle_fails_and_a_node_stops(
-    mesh: Mesh, nats_server: NatsServer, tmp_path: Path
-) -> None:
+async def test_list_changed_when_a_node_joins_a_bundle_fails_and_a_node_stops(mesh: Mesh, tmp_path: Path) -> None:
     changes = _Changes()
     nc = await client(mesh.url)
     with http_face(mesh.url, tmp_path / "face.log") as endpoint:
@@ -189,7 +192,7 @@ async def test_list_changed_when_a_node_joins_a_bundle_fails_and_a_node_stops(
                 # A node joins with a module.
                 t0 = time.monotonic()
                 make_module(tmp_path / "mods-c", "joiner")
-                joiner = NodeProcess(tmp_path, tmp_path / "mods-c", nats_server.url, "face-c", config=CONFIG)
+                joiner = NodeProcess(tmp_path, tmp_path / "mods-c", mesh.url, "face-c", config=CONFIG)
                 mesh.extra.append(joiner)
                 await wait_ready(nc, joiner, "joiner/tools", timeout=60)
                 ready = time.monotonic()
@@ -349,3 +352,36 @@ def test_conformance_suite_server_scenarios(mesh: Mesh, tmp_path: Path) -> None:
         "dns-rebinding-protection",
     ):
         assert f"✓ {scenario}:" in summary
+
+
+async def test_list_changed_when_a_bundle_is_delivered_and_removed(mesh: Mesh, tmp_path: Path) -> None:
+    make_module(tmp_path / "src", "delivered")
+    built = subprocess.run(
+        [*MESHCTL, "bundle", "build", str(tmp_path / "src" / "delivered"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert built.returncode == 0, built.stderr
+    changes = _Changes()
+    async with Client(stdio_face(mesh.url), mode="legacy", cache=None, message_handler=changes) as c:
+        assert "delivered_echo" not in await _names(c)
+        t0 = time.monotonic()
+        artifacts = [str(p) for p in (tmp_path / "out").glob("*.tar.gz")]
+        for verb in (["deliver", *artifacts], ["remove", "delivered"]):
+            done = subprocess.run(
+                [*MESHCTL, "bundle", *verb, "--node", mesh.b.name, "--nats", mesh.url],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=ROOT,
+            )
+            assert done.returncode == 0, done.stderr
+            with anyio.fail_after(30):
+                while ("delivered_echo" in await _names(c)) != (verb[0] == "deliver"):
+                    asked = time.monotonic()
+                    await changes.after(asked)
+            print(f"bundle {verb[0]}: list_changed and the list right {time.monotonic() - t0:.2f} s after the command")
+            t0 = time.monotonic()
+        assert len(changes.times) >= 2
