@@ -325,7 +325,7 @@ def test_conformance_suite_server_scenarios(mesh: Mesh, tmp_path: Path) -> None:
     require_clients()
     # Only the suite's fixture tools: its tools-list check wants a description on every tool, which
     # the face passes on as each tool wrote it (the contract fixture's `count` has none).
-    with http_face(mesh.url, tmp_path / "face.log", "--only", "test_*") as endpoint:
+    with http_face(mesh.url, tmp_path / "face.log", "--only", "test_*", "--only", "json_*") as endpoint:
         run = subprocess.run(
             [
                 str(NODE22),
@@ -333,6 +333,8 @@ def test_conformance_suite_server_scenarios(mesh: Mesh, tmp_path: Path) -> None:
                 "server",
                 "--url",
                 endpoint,
+                "--suite",
+                "all",
                 "--expected-failures",
                 str(CONFORMANCE_BASELINE),
             ],
@@ -349,6 +351,7 @@ def test_conformance_suite_server_scenarios(mesh: Mesh, tmp_path: Path) -> None:
         "tools-list",
         "tools-call-with-progress",
         "tools-call-error",
+        "json-schema-2020-12",
         "dns-rebinding-protection",
     ):
         assert f"✓ {scenario}:" in summary

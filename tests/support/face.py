@@ -33,7 +33,14 @@ from tests.support.mesh import (
 
 CONTRACT_SERVER = ROOT / "sdk" / "python" / "fixtures" / "contract_server.py"
 # What the mesh of `two_node_mesh` serves, by node.
-NODE_A_BUNDLES = ["hello-python/tools", "hello-typescript/tools", "fixture/tools", "frail/tools", "test/tools"]
+NODE_A_BUNDLES = [
+    "hello-python/tools",
+    "hello-typescript/tools",
+    "fixture/tools",
+    "frail/tools",
+    "test/tools",
+    "json/tools",
+]
 # The conformance suite's tools (module `test`: its tool simple_text is the face's test_simple_text).
 CONFORMANCE_FIXTURE = ROOT / "tests" / "data" / "conformance" / "test"
 NODE_B_BUNDLES = ["hello-go/tools"]
@@ -67,6 +74,7 @@ def start_mesh(root: Path, url: str) -> Mesh:
     mods_a = _linked(root / "mods-a", ["hello-python", "hello-typescript"])
     fixture_module(mods_a, "fixture", ["python", str(CONTRACT_SERVER)])
     (mods_a / "test").symlink_to(CONFORMANCE_FIXTURE)
+    (mods_a / "json").symlink_to(CONFORMANCE_FIXTURE.parent / "json")
     ok_file = root / "frail-ok"
     ok_file.write_text("ok")
     make_module(mods_a, "frail", env={"RAW_MODE": "exit_at_start", "RAW_OK_FILE": str(ok_file)})
