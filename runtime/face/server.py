@@ -208,6 +208,12 @@ class Face:
             known = ", ".join(t.name for t in self.catalog.tools[:20])
             more = " ..." if len(self.catalog.tools) > 20 else ""
             return _refused(f"no tool named {params.name!r} on the mesh; tools/list shows them ({known}{more})")
+        if not self.nc.is_connected:
+            # A publish now would wait in the client's buffer for the reconnect: say so at once instead.
+            return _refused(
+                "503: the face is not connected to the bus (it keeps reconnecting); try again in a moment, "
+                "or check the NATS server and `meshctl mcp --nats`"
+            )
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:

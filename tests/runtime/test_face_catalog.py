@@ -106,3 +106,21 @@ def test_profiles(tmp_path: Path) -> None:
         load_selection(None, "mem", [], [], None)
     with pytest.raises(FaceError, match="at least 1"):
         load_selection(None, None, [], [], 0)
+
+
+async def test_a_call_while_the_bus_is_away_is_an_error_at_once() -> None:
+    """The face's own client (the SDK's in-process one) calling while the face has no bus: an
+    isError result now, not a call parked in the NATS client's buffer until the reconnect."""
+    import anyio
+    from mcp import Client
+    from nats.aio.client import Client as Nats
+
+    from runtime.face.server import Face
+
+    face = Face(Nats(), Catalog(Selection()))  # never connected
+    face.catalog.rebuild([_info("a", ("mesh.tool.hello.greet", GREET))])
+    async with Client(face.server, cache=None) as c:
+        assert [t.name for t in (await c.list_tools()).tools] == ["hello_greet"]
+        with anyio.fail_after(1):
+            result = await c.call_tool("hello_greet", {"name": "Ada"})
+    assert result.is_error and "not connected to the bus" in result.content[0].text  # type: ignore[union-attr]
