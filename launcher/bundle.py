@@ -13,7 +13,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import anyio
 import msgspec
@@ -96,6 +96,52 @@ class BundleStatus(msgspec.Struct):
     kind: str = "tools"  # tools | service
     runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
     state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
+
+
+class Lifecycle(Protocol):
+    """What every runner knows of its child's life, whoever runs the child (the node or systemd)."""
+
+    state: str
+    pid: int | None
+    restarts: int
+    last_exit: str | None
+    last_error: str | None
+
+
+def bundle_status(
+    runner: Lifecycle,
+    module: str,
+    bundle: str,
+    language: str,
+    stderr_tail: list[str],
+    *,
+    kind: str = "tools",
+    runs: str = "node",
+    tools: list[str] | None = None,
+    protocol_version: str | None = None,
+    in_flight: int = 0,
+    calls: int = 0,
+    state_for_s: float = 0.0,
+) -> BundleStatus:
+    """A bundle's status: its runner's life, and the facts only a tools bundle has (none for a service)."""
+    return BundleStatus(
+        module=module,
+        bundle=bundle,
+        language=language,
+        state=runner.state,
+        pid=runner.pid,
+        restarts=runner.restarts,
+        tools=tools or [],
+        last_exit=runner.last_exit,
+        last_error=runner.last_error,
+        protocol_version=protocol_version,
+        in_flight=in_flight,
+        calls=calls,
+        stderr_tail=stderr_tail,
+        kind=kind,
+        runs=runs,
+        state_for_s=state_for_s,
+    )
 
 
 class Pending:
@@ -304,20 +350,17 @@ class BundleRunner(Supervised):
                 await anyio.sleep(0.01)
 
     def status(self) -> BundleStatus:
-        return BundleStatus(
-            module=self.spec.module,
-            bundle=self.spec.name,
-            language=self.spec.language,
-            state=self.state,
-            pid=self.pid,
-            restarts=self.restarts,
+        session = self._session
+        return bundle_status(
+            self,
+            self.spec.module,
+            self.spec.name,
+            self.spec.language,
+            list(self.stderr_tail),
             tools=sorted(self.tools),
-            last_exit=self.last_exit,
-            last_error=self.last_error,
-            protocol_version=self._session.protocol_version if self._session else None,
-            in_flight=self._session.in_flight if self._session else 0,
+            protocol_version=session.protocol_version if session else None,
+            in_flight=session.in_flight if session else 0,
             calls=self.calls,
-            stderr_tail=list(self.stderr_tail),
             state_for_s=round(time.monotonic() - self.state_since, 1),
         )
 

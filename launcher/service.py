@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 import anyio
 
-from .bundle import BundleStatus
+from .bundle import BundleStatus, bundle_status
 from .process import ChildSpec
 from .reaper import Reaper
 from .restart import RestartPolicy
@@ -49,22 +49,8 @@ class ServiceRunner(Supervised):
         self.spec = spec
 
     def status(self) -> BundleStatus:
-        return BundleStatus(
-            module=self.spec.module,
-            bundle=self.spec.name,
-            language=self.spec.language,
-            state=self.state,
-            pid=self.pid,
-            restarts=self.restarts,
-            tools=[],
-            last_exit=self.last_exit,
-            last_error=self.last_error,
-            protocol_version=None,
-            in_flight=0,
-            calls=0,
-            stderr_tail=list(self.stderr_tail),
-            kind="service",
-            runs="node",
+        return bundle_status(
+            self, self.spec.module, self.spec.name, self.spec.language, list(self.stderr_tail), kind="service"
         )
 
     async def _run_once(self) -> float | None:

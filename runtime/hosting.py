@@ -20,7 +20,7 @@ from typing import Mapping, Protocol
 import anyio
 import anyio.abc
 
-from launcher.bundle import BundleStatus
+from launcher.bundle import BundleStatus, bundle_status
 from launcher.reaper import Reaper
 from launcher.service import ServiceRunner, ServiceSpec
 from launcher.supervise import describe_exit
@@ -194,23 +194,9 @@ class SystemdService:
         self._wake.set()
 
     def status(self) -> BundleStatus:
-        return BundleStatus(
-            module=self.placement.loaded.module.name,
-            bundle=self.spec.name,
-            language=self.spec.language,
-            state=self.state,
-            pid=self.pid,
-            restarts=self.restarts,
-            tools=[],
-            last_exit=self.last_exit,
-            last_error=self.last_error,
-            protocol_version=None,
-            in_flight=0,
-            calls=0,
-            stderr_tail=[],  # in the journal: journalctl -u <unit>
-            kind="service",
-            runs="systemd",
-        )
+        module = self.placement.loaded.module.name
+        # No stderr tail: it is in the journal (journalctl -u <unit>).
+        return bundle_status(self, module, self.spec.name, self.spec.language, [], kind="service", runs="systemd")
 
 
 class ServiceHost:

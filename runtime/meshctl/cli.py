@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import anyio
 import msgspec
@@ -54,6 +54,7 @@ from toolchains.build import BuildError, build_module, find_repo_root
 from toolchains.progress import BuildProgress
 
 log = logging.getLogger("mesh.cli")
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
@@ -398,17 +399,22 @@ def cmd_seat_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_seat_adopt(args: argparse.Namespace) -> int:
+def _seat_admin(args: argparse.Namespace, verb: Callable[[Client], Awaitable[T]]) -> T:
+    """Run one seat admin verb on the bus; a refusal is the CLI's error (exit 1), said once at the edge."""
     cfg, _ = client_config(args)
 
-    async def run() -> tuple[Any, str]:
+    async def run() -> T:
         async with _bus(cfg) as nc:
             try:
-                return await adopt(nc, args.seat, args.node)
+                return await verb(nc)
             except SeatAdminError as e:
                 raise CliError(str(e), code=1) from None
 
-    record, before = anyio.run(run)
+    return anyio.run(run)
+
+
+def cmd_seat_adopt(args: argparse.Namespace) -> int:
+    record, before = _seat_admin(args, lambda nc: adopt(nc, args.seat, args.node))
     print(
         f"seat {args.seat}: its data is node {record.node}'s now (was {before or 'none'}); node {record.node} "
         "takes the seat with whatever its data folder holds"
@@ -417,16 +423,7 @@ def cmd_seat_adopt(args: argparse.Namespace) -> int:
 
 
 def cmd_seat_move(args: argparse.Namespace) -> int:
-    cfg, _ = client_config(args)
-
-    async def run() -> dict[str, Any]:
-        async with _bus(cfg) as nc:
-            try:
-                return await move(nc, args.seat, args.to, args.timeout)
-            except SeatAdminError as e:
-                raise CliError(str(e), code=1) from None
-
-    reply = anyio.run(run)
+    reply = _seat_admin(args, lambda nc: move(nc, args.seat, args.to, args.timeout))
     print(f"seat {args.seat}: data moved from node {reply['from']} to node {reply['to']} ({reply['object']})")
     if not reply["held"]:
         print(

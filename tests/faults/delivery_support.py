@@ -20,6 +20,7 @@ from nats.aio.client import Client
 
 from runtime.delivery import buckets, node_key
 from tests.support.mesh import RAW_CHILD, status
+from toolchains.artifact import sha256_file
 
 MB = 1024 * 1024
 
@@ -97,14 +98,6 @@ def write_artifact(
                 info.size = len(content) if isinstance(content, bytes) else content
                 tar.addfile(info, io.BytesIO(content) if isinstance(content, bytes) else _Zeros(content))
     return path
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(MB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 async def upload(nc: Client, path: Path, object_name: str | None = None) -> dict[str, str]:

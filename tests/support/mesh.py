@@ -16,7 +16,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client
 
-from runtime.bus import free_port, nats_server_binary
+from runtime.bus import free_port, nats_server_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW_CHILD = ROOT / "tests" / "children" / "raw_child.py"
@@ -38,17 +38,7 @@ class NatsServer:
 
     def start(self) -> NatsServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            nats_server_binary(),
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-js",
-            "-sd",
-            str(self.workdir / "js"),
-            *self.extra,
-        ]
+        argv = [*nats_server_argv(self.port, self.workdir / "js"), *self.extra]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "server.log", "ab"))
         wait_port(self.port)
         return self
