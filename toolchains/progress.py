@@ -25,6 +25,25 @@ HEARTBEAT_S = 30.0  # plain output: one line per half minute of a silent build
 TICK_S = 1.0  # live line: redrawn every second
 
 
+class LiveLine:
+    """One line at the bottom of a terminal, rewritten in place: a carriage return, then erase to its end."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.shown = False  # the line is on the screen
+
+    def draw(self, text: str) -> None:
+        self.stream.write(f"\r\x1b[K{text}")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
 class BuildProgress:
     """A `progress` callback that also tells how long the current bundle has been building.
 
@@ -51,7 +70,7 @@ class BuildProgress:
         self._said_at = 0.0
         self._stop = threading.Event()
         self._clock: threading.Thread | None = None
-        self._shown = False  # a live line is on the screen
+        self._line = LiveLine(self._stream)
 
     def __enter__(self) -> BuildProgress:
         self._clock = threading.Thread(target=self._tick, name="build-progress", daemon=True)
@@ -113,12 +132,7 @@ class BuildProgress:
         if not self.live or self._current is None:
             return
         key, language, started = self._current
-        self._stream.write(f"\r\x1b[K  building {key} ({language}) {now - started:.0f} s")
-        self._stream.flush()
-        self._shown = True
+        self._line.draw(f"  building {key} ({language}) {now - started:.0f} s")
 
     def _clear(self) -> None:
-        if self._shown:
-            self._stream.write("\r\x1b[K")
-            self._stream.flush()
-            self._shown = False
+        self._line.clear()

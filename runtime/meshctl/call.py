@@ -16,6 +16,7 @@ from nats.aio.client import Client
 
 from runtime.callproto import ProgressFrame
 from runtime.client import CallError, MeshClient, NodeRefused
+from toolchains.progress import LiveLine
 
 BAR_WIDTH = 30
 EXIT_CANCELLED = 130  # what a shell reports for a command ended by SIGINT
@@ -27,7 +28,7 @@ class ProgressView:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.tty = out.isatty()
-        self.drawn = False
+        self.line = LiveLine(out)
 
     def __call__(self, frame: ProgressFrame) -> None:
         total = f"/{frame.total:g}" if frame.total is not None else ""
@@ -40,14 +41,10 @@ class ProgressView:
             bar = "[" + "#" * done + "." * (BAR_WIDTH - done) + "] "
         else:
             bar = ""
-        self.out.write(f"\r\x1b[K{bar}{frame.progress:g}{total}{message}"[:200])
-        self.out.flush()
-        self.drawn = True
+        self.line.draw(f"{bar}{frame.progress:g}{total}{message}"[:196])  # 200 with the 4 characters of the redraw
 
     def end(self) -> None:
-        if self.drawn:
-            self.out.write("\r\x1b[K")
-            self.out.flush()
+        self.line.clear()
 
 
 def ways_out(body: dict[str, Any]) -> list[str]:
