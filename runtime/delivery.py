@@ -24,7 +24,7 @@ from manifests import LoadedModule, ManifestError, load_module
 from manifests.check import refuse_own_image
 from manifests.load import name_problem, shown, version_problem
 from manifests.model import KINDS, LANGUAGES, SEAT_NAME_RE
-from toolchains.artifact import ArtifactError, ArtifactLimits, is_sha256, read_meta, sha256_file, verify_and_unpack
+from toolchains.artifact import ArtifactError, ArtifactLimits, is_sha256, platform_problem, read_meta, sha256_file, verify_and_unpack
 
 from .placement import Placement
 from .steps import StepFailed
@@ -318,6 +318,9 @@ class Reconciler:
                 await self._download(obs, bref, cache)
             # bundle.json first: an artifact of another module or version is refused before it is unpacked.
             meta = await anyio.to_thread.run_sync(read_meta, cache)
+            refused = platform_problem(meta)
+            if refused is not None:
+                raise DeliveryError(f"artifact {bref.object} ({meta.module}/{meta.bundle}) cannot run here: {refused}")
             if meta.module != name or meta.bundle != bundle or meta.version != ref.version:
                 raise DeliveryError(
                     f"artifact {bref.object} holds {meta.module}/{meta.bundle} {meta.version}, not {name}/{bundle} {ref.version}"

@@ -12,9 +12,11 @@ import gzip
 import hashlib
 import io
 import os
+import platform
 import re
 import shutil
 import stat
+import sys
 import tarfile
 import tempfile
 import zlib
@@ -72,6 +74,8 @@ class ArtifactMeta(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_o
     env: dict[str, str] = {}
     os: str | None = None
     arch: str | None = None
+    # The CPython ABI ("cp311") a bundle with compiled wheels needs; None when any Python will do.
+    python_abi: str | None = None
     files: dict[str, str] = {}  # bundle-relative path -> sha256 hex, every regular file
     links: dict[str, str] = {}  # bundle-relative path -> relative target inside the bundle
     exec: list[str] = []  # files unpacked with mode 0755 (others 0644), sorted
@@ -171,9 +175,11 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
             return f"bundle.json env name {name!r} is not an environment variable name"
     if (meta.os is None) != (meta.arch is None):
         return "bundle.json must give both os and arch, or neither"
-    for field, platform in (("os", meta.os), ("arch", meta.arch)):
-        if platform is not None and not _PLATFORM_RE.match(platform):
-            return f'bundle.json {field} {platform!r} is not a platform name such as "linux" or "amd64"'
+    for field, name in (("os", meta.os), ("arch", meta.arch)):
+        if name is not None and not _PLATFORM_RE.match(name):
+            return f'bundle.json {field} {name!r} is not a platform name such as "linux" or "amd64"'
+    if meta.python_abi is not None and not re.match(r"^cp3[0-9]{1,2}\Z", meta.python_abi):
+        return f'bundle.json python_abi {meta.python_abi!r} is not a CPython ABI such as "cp311"'
     for path, digest in meta.files.items():
         if (why := _path_problem(path)) or (why := _reserved(path)):
             return f"bundle.json lists file {path!r}: {why}"
@@ -224,6 +230,22 @@ def _parents(path: str) -> Iterator[str]:
     parts = path.split("/")
     for i in range(1, len(parts)):
         yield "/".join(parts[:i])
+
+
+def platform_problem(meta: ArtifactMeta) -> str | None:
+    """Why this machine cannot run the bundle (another OS, architecture or Python ABI), or None."""
+    machine = platform.machine().lower()
+    here_arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+    here_os = "linux" if sys.platform.startswith("linux") else sys.platform
+    if meta.os is not None and (meta.os, meta.arch) != (here_os, here_arch):
+        return f"the bundle is built for {meta.os}/{meta.arch}; this node is {here_os}/{here_arch}"
+    abi = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    if meta.python_abi is not None and meta.python_abi != abi:
+        return (
+            f"the bundle's compiled wheels need Python ABI {meta.python_abi}; this node runs {abi} "
+            f"(Python {sys.version_info.major}.{sys.version_info.minor}): build it on a machine with the node's Python"
+        )
+    return None
 
 
 def artifact_name(meta: ArtifactMeta) -> str:

@@ -49,6 +49,8 @@ class BuildOutput:
     env: dict[str, str] = field(default_factory=dict)
     os: str | None = None  # set for compiled languages: "linux"
     arch: str | None = None  # "amd64", "arm64"
+    # A Python bundle with compiled wheels runs only on this CPython ABI ("cp311").
+    python_abi: str | None = None
 
 
 class Toolchain(Protocol):

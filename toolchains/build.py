@@ -18,9 +18,11 @@ from typing import Callable
 
 from manifests import BundleManifest, LoadedModule, load_module
 from manifests.check import refuse_own_image
+from manifests.imported import is_package_bundle
 
 from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
 from .base import BuildContext, BuildOutput, Toolchain
+from .packaged import build_package
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
 
@@ -134,6 +136,7 @@ def _build_bundle(
             env=dict(output.env),
             os=output.os,
             arch=output.arch,
+            python_abi=output.python_abi,
             manifest=loaded.path.read_text("utf-8"),
         )
         artifact = pack(stage_dir, meta, out_dir)
@@ -182,7 +185,8 @@ def _stage(
         repo_root=repo_root,
         log=lambda line: progress(f"{tag} {line}"),
     )
-    output = toolchain.build(ctx)
+    # An imported package (its import lock in the source folder) is built from that lock.
+    output = build_package(ctx) if is_package_bundle(ctx.source_dir) else toolchain.build(ctx)
     _check_entry(loaded.module.name, bundle, stage_dir)
     return output
 

@@ -26,11 +26,14 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from manifests import ManifestError
 from manifests.check import RUNTIME_IMAGES, check_path
+from manifests.imported import LockError, read_lock
 from runtime.bus import BusError, connect
 from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_name_problem
 from runtime.delivery import DeliveryError
 from runtime.meshctl.call import run_call
 from runtime.meshctl.deliver import deliver, remove
+from runtime.meshctl.imports import ImportFailed, SpecError, import_package
+from runtime.meshctl.imports.core import SOURCE
 from runtime.meshctl.mcp import add_parser as add_mcp_parser
 from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
 from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
@@ -52,6 +55,7 @@ from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import BuildError, build_module, find_repo_root
 from toolchains.progress import BuildProgress
+from toolchains.packaged import offline
 
 log = logging.getLogger("mesh.cli")
 T = TypeVar("T")
@@ -334,6 +338,22 @@ def cmd_module_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_module_import(args: argparse.Namespace) -> int:
+    folder = import_package(
+        args.spec,
+        name=args.name,
+        out=Path(args.out) if args.out else None,
+        args=args.server_args,
+        cache=Path(args.cache) if args.cache else None,
+        offline=args.offline or offline(),
+        log=lambda line: print(line, flush=True),
+    )
+    lock = read_lock(folder / SOURCE)
+    print(f"{folder}: module of {lock.spec} ({len(lock.fetched)} locked files), entry {' '.join(lock.entry)}")
+    print(f"next: meshctl module check {folder} && meshctl bundle build {folder} --out out")
+    return 0
+
+
 def cmd_bundle_build(args: argparse.Namespace) -> int:
     out = Path(args.out)
     with BuildProgress() as progress:  # a live line on a terminal, plain lines otherwise
@@ -529,6 +549,23 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--runtime-image", action="append", help="another repository of the runtime's own image")
     check.add_argument("--quiet", action="store_true", help="print problems only")
     check.set_defaults(func=cmd_module_check)
+    imp = module_verbs.add_parser(
+        "import",
+        help="make a module of a published MCP server (npm, PyPI, the Go module proxy), pinned by hash",
+        description="SPEC: npm:<package>@<version>, pypi:<package>==<version>, go:<package path>@<version> "
+        "(cargo:<crate>@<version> is refused for now); no version: the newest, written into the lock. "
+        "Arguments after -- are the server's own, appended to its entry.",
+    )
+    imp.add_argument("spec", metavar="SPEC", help="then, after --, the arguments the server is run with")
+    imp.add_argument("--name", help="the module's name (default: from the package's name)")
+    imp.add_argument("--out", help="the module folder to write (default ./<name>); must not exist or be empty")
+    imp.add_argument(
+        "--cache", help="the package cache (default $MESH_PACKAGE_CACHE, else beside the toolchains' cache)"
+    )
+    imp.add_argument(
+        "--offline", action="store_true", help="use the package cache only, never the network (also MESH_OFFLINE=1)"
+    )
+    imp.set_defaults(func=cmd_module_import)
 
     bundle = verbs.add_parser("bundle", help="build bundles")
     bundle_verbs = bundle.add_subparsers(dest="bundle_verb", required=True)
@@ -582,7 +619,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `module import SPEC -- ARGS`: argparse's subparsers lose what follows `--`, so it is cut off here.
+    server_args: list[str] = []
+    if argv[:2] == ["module", "import"] and "--" in argv:
+        cut = argv.index("--")
+        argv, server_args = argv[:cut], argv[cut + 1 :]
     args = parser().parse_args(argv)
+    args.server_args = server_args
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, so that a reader gone away is caught below, not at exit
@@ -599,6 +643,9 @@ def main(argv: list[str] | None = None) -> int:
             print(problem, file=sys.stderr)
         return 1
     except (UnitError, DeliveryError, ToolchainMissing, BuildFailed, BuildError, ArtifactError) as e:
+        print(f"meshctl: {e}", file=sys.stderr)
+        return 1
+    except (ImportFailed, SpecError, LockError) as e:
         print(f"meshctl: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

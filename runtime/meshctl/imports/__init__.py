@@ -1,0 +1,10 @@
+"""`meshctl module import SPEC`: a published MCP server becomes a module folder, pinned by hash.
+
+One module per registry (npm, pypi, gomod, cargo) resolves the spec with the registry's own
+client, fetches into the package cache and says what it fetched; `core` writes the folder.
+"""
+
+from .core import ImportFailed, import_package
+from .spec import ImportSpec, SpecError, parse_spec
+
+__all__ = ["ImportFailed", "ImportSpec", "SpecError", "import_package", "parse_spec"]

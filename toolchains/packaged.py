@@ -1,0 +1,168 @@
+"""Package bundles: a published server (`meshctl module import`) built from its import lock.
+
+The bundle's source folder holds `mesh-import.json` and the registry's own lock files; nothing
+of the module's own is compiled. Each registry's build is its ordinary client, run from the
+package cache that the import filled (offline with MESH_OFFLINE=1):
+- npm: `npm ci --omit=dev` from package-lock.json (integrity-checked); the stage is the
+  package's production node_modules as installed, no esbuild;
+- PyPI: `pip install --require-hashes --no-deps` of the locked wheels into `_vendor/`;
+  `python_abi` names the interpreter ABI a compiled wheel needs;
+- Go: `go install <package>@<version>` into `bin/`, static, as reproducible as a Go bundle.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from manifests.imported import PackageLock, read_lock
+
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .python import VENDOR, _normalise_vendor, _platform_if_native
+
+BUILD_TIMEOUT_S = 900
+OUTPUT_TAIL_LINES = 30
+LOCKS = {"npm": ("package.json", "package-lock.json"), "pypi": ("requirements.txt",), "go": (), "cargo": ()}
+
+
+def package_cache_dir() -> Path:
+    """Where imports fetch to and package builds read from: MESH_PACKAGE_CACHE, else beside the toolchains' cache."""
+    if os.environ.get("MESH_PACKAGE_CACHE"):
+        return Path(os.environ["MESH_PACKAGE_CACHE"])
+    from .build import default_cache_dir
+
+    return default_cache_dir() / "packages"
+
+
+def offline() -> bool:
+    return os.environ.get("MESH_OFFLINE", "") not in ("", "0")
+
+
+def build_package(ctx: BuildContext) -> BuildOutput:
+    lock = read_lock(ctx.source_dir)
+    for name in LOCKS[lock.registry]:
+        if not (ctx.source_dir / name).is_file():
+            raise BuildFailed(
+                ctx.bundle.language,
+                ctx.bundle.name,
+                ["build"],
+                f"{ctx.source_dir / name} is missing; import the package again with `meshctl module import {lock.spec}`",
+            )
+    builders = {"npm": _npm, "pypi": _pypi, "go": _go}
+    if lock.registry not in builders:
+        raise BuildFailed(
+            ctx.bundle.language, ctx.bundle.name, ["build"], f"{lock.registry} packages are not built yet"
+        )
+    ctx.log(f"package bundle: {lock.spec} ({len(lock.fetched)} locked files){' offline' if offline() else ''}")
+    return builders[lock.registry](ctx, lock)
+
+
+def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) -> str:
+    try:
+        proc = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        raise ToolchainMissing(ctx.bundle.language, command[0], f"install {command[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(
+            ctx.bundle.language, ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s"
+        ) from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
+        raise BuildFailed(ctx.bundle.language, ctx.bundle.name, command, tail)
+    return proc.stdout
+
+
+def _npm(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
+    from runtime.meshctl.imports.npm import npm_env  # one npm environment for import and build
+
+    env = npm_env(package_cache_dir())
+    ctx.cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="npm-package-") as scratch_name:
+        scratch = Path(scratch_name)
+        for name in LOCKS["npm"]:
+            shutil.copyfile(ctx.source_dir / name, scratch / name)
+        mode = "--offline" if offline() else "--prefer-offline"
+        ctx.log(f"npm ci --omit=dev ({mode}, install scripts off)")
+        _run(ctx, ["npm", "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund", mode], scratch, env)
+        for name in LOCKS["npm"]:
+            shutil.copyfile(scratch / name, ctx.stage_dir / name)
+        # npm's hidden lock repeats package-lock.json; the bundle carries that one already.
+        (scratch / "node_modules" / ".package-lock.json").unlink(missing_ok=True)
+        shutil.copytree(scratch / "node_modules", ctx.stage_dir / "node_modules", symlinks=True)
+    return BuildOutput()
+
+
+def _pypi(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    if lock.python_abi and lock.python_abi != here:
+        raise BuildFailed(
+            "python",
+            ctx.bundle.name,
+            ["pip", "install"],
+            f"the locked wheels are compiled for {lock.python_abi}; this builder's Python is {here}: "
+            f"build with Python {lock.python_abi[2]}.{lock.python_abi[3:]} or import the package again with this one",
+        )
+    wheels = package_cache_dir() / "wheels"
+    have_all = all((wheels / f.file).is_file() for f in lock.fetched)
+    vendor = ctx.stage_dir.resolve() / VENDOR
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",  # the lock is the whole closure, resolved at import
+        "--require-hashes",
+        "--only-binary=:all:",
+        "--no-compile",
+        "--no-warn-script-location",
+        "--disable-pip-version-check",
+        "--target",
+        str(vendor),
+        "--find-links",
+        str(wheels),
+        *(["--no-index"] if offline() or have_all else []),
+        "--requirement",
+        str(ctx.source_dir.resolve() / "requirements.txt"),
+    ]
+    ctx.log(f"pip install of {len(lock.fetched)} locked wheels into {VENDOR}/")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", SOURCE_DATE_EPOCH="315532800", PIP_NO_INPUT="1")
+    ctx.cache_dir.mkdir(parents=True, exist_ok=True)
+    _run(ctx, command, ctx.cache_dir, env)
+    _normalise_vendor(vendor)
+    out_os, arch = _platform_if_native(vendor)
+    return BuildOutput(
+        env={"PYTHONPATH": "{bundle_dir}/" + VENDOR}, os=out_os, arch=arch, python_abi=lock.python_abi or None
+    )
+
+
+def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
+    from runtime.meshctl.imports.gomod import go_env
+
+    env = go_env(offline())
+    env.update(GOOS="linux", GOFLAGS="", GOBIN=str((ctx.stage_dir / "bin").resolve()))
+    cwd = ctx.cache_dir.resolve()
+    cwd.mkdir(parents=True, exist_ok=True)  # outside any module: `go install pkg@version` builds it alone
+    found = _run(ctx, ["go", "mod", "download", "-json", f"{lock.module}@{lock.version}"], cwd, env)
+    locked = next(f.hash for f in lock.fetched if f.name == lock.module)
+    if f'"Sum": "{locked}"' not in found:
+        raise BuildFailed(
+            "go",
+            ctx.bundle.name,
+            ["go", "mod", "download"],
+            f"{lock.module}@{lock.version} does not match its locked hash {locked}",
+        )
+    arch = _run(ctx, ["go", "env", "GOARCH"], cwd, env).strip()
+    ctx.log(f"go install {lock.package}@{lock.version} -> bin/ (linux/{arch})")
+    _run(
+        ctx,
+        ["go", "install", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", f"{lock.package}@{lock.version}"],
+        cwd,
+        env,
+    )
+    return BuildOutput(os="linux", arch=arch)
