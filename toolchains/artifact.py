@@ -175,9 +175,9 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
             return f"bundle.json env name {name!r} is not an environment variable name"
     if (meta.os is None) != (meta.arch is None):
         return "bundle.json must give both os and arch, or neither"
-    for field, value in (("os", meta.os), ("arch", meta.arch)):
-        if value is not None and not _PLATFORM_RE.match(value):
-            return f'bundle.json {field} {value!r} is not a platform name such as "linux" or "amd64"'
+    for field, part in (("os", meta.os), ("arch", meta.arch)):
+        if part is not None and not _PLATFORM_RE.match(part):
+            return f'bundle.json {field} {part!r} is not a platform name such as "linux" or "amd64"'
     if meta.python_abi is not None and not re.match(r"^cp3[0-9]{1,2}\Z", meta.python_abi):
         return f'bundle.json python_abi {meta.python_abi!r} is not a CPython ABI such as "cp311"'
     for path, digest in meta.files.items():
