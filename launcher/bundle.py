@@ -96,6 +96,7 @@ class BundleStatus(msgspec.Struct):
     kind: str = "tools"  # tools | service
     runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
     state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
+    era: str | None = None  # "handshake" (initialize) or "stateless" (server/discover, 2026-07-28)
 
 
 class Lifecycle(Protocol):
@@ -122,6 +123,7 @@ def bundle_status(
     in_flight: int = 0,
     calls: int = 0,
     state_for_s: float = 0.0,
+    era: str | None = None,
 ) -> BundleStatus:
     """A bundle's status: its runner's life, and the facts only a tools bundle has (none for a service)."""
     return BundleStatus(
@@ -141,6 +143,7 @@ def bundle_status(
         kind=kind,
         runs=runs,
         state_for_s=state_for_s,
+        era=era,
     )
 
 
@@ -359,6 +362,7 @@ class BundleRunner(Supervised):
             list(self.stderr_tail),
             tools=sorted(self.tools),
             protocol_version=session.protocol_version if session else None,
+            era=session.era if session else None,
             in_flight=session.in_flight if session else 0,
             calls=self.calls,
             state_for_s=round(time.monotonic() - self.state_since, 1),
@@ -378,7 +382,7 @@ class BundleRunner(Supervised):
             async with anyio.create_task_group() as tg:
                 self._watch(tg, child)  # from the first line on: a stop or restart does not wait out the handshake
                 try:
-                    await session.initialize(spec.health.init_timeout_s)
+                    await session.open(spec.health.init_timeout_s)
                     tools = await session.list_tools(spec.health.init_timeout_s)
                 except (CallTimedOut, ProtocolError, ChildError, SessionClosed) as e:
                     self.last_error = f"did not complete the MCP handshake: {_reason(e)}"
@@ -390,10 +394,11 @@ class BundleRunner(Supervised):
                 self._set_state("ready")
                 ready_at = asyncio.get_running_loop().time()
                 log.info(
-                    "bundle %s ready: pid %d, MCP %s, %d tools",
+                    "bundle %s ready: pid %d, MCP %s (%s), %d tools",
                     self.key,
                     child.pid,
                     session.protocol_version,
+                    session.era,
                     len(tools),
                 )
                 tg.start_soon(self._health, child, session)

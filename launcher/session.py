@@ -20,6 +20,14 @@ from .logbudget import LogBudget
 # Revisions reachable through the `initialize` handshake, oldest first.
 PROTOCOL_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
+# Stateless revisions: no handshake; `server/discover`, and the client's version and
+# capabilities in every request's `_meta` (the envelope).
+STATELESS_VERSIONS: tuple[str, ...] = ("2026-07-28",)
+ERA_HANDSHAKE, ERA_STATELESS = "handshake", "stateless"
+META_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
 CLIENT_INFO = {"name": "mesh-node", "version": "0.1.0"}
 
@@ -72,6 +80,18 @@ class _InitializeResult(msgspec.Struct):
     instructions: str | None = None
 
 
+class _DiscoverResult(msgspec.Struct):
+    supportedVersions: list[str]
+    capabilities: dict[str, Any] = {}
+    instructions: str | None = None
+    meta: dict[str, Any] = msgspec.field(default_factory=dict, name="_meta")
+
+
+def envelope(version: str) -> dict[str, Any]:
+    """The `_meta` members a stateless-era client puts in every request."""
+    return {META_PROTOCOL_VERSION: version, META_CLIENT_CAPABILITIES: {}, META_CLIENT_INFO: CLIENT_INFO}
+
+
 _decode_incoming = msgspec.json.Decoder(Incoming).decode
 _encode = msgspec.json.Encoder().encode
 _format = msgspec.json.format
@@ -109,6 +129,9 @@ class Session:
         self._closed: Exception | None = None
         self._loop = asyncio.get_running_loop()
         self.protocol_version: str | None = None
+        self.era: str | None = None  # ERA_HANDSHAKE or ERA_STATELESS once open
+        self._envelope: dict[str, Any] = {}  # stateless era: put into every request's _meta
+        self._envelope_json = b""
         self.server_info: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
         self.last_seen = self._loop.time()  # the last JSON-RPC message: garbage is no sign of life
@@ -236,6 +259,9 @@ class Session:
             pass
 
     async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> msgspec.Raw:
+        if self._envelope:
+            params = dict(params or {})
+            params["_meta"] = {**self._envelope, **(params.get("_meta") or {})}
         head = b'"method":' + _encode(method)
         tail = b',"params":' + _encode(params) if params is not None else b""
         rid, fut = self._start(head, tail)
@@ -251,6 +277,9 @@ class Session:
         even scheduled, which is one turn of the event loop saved on every call. The call times
         out at `deadline` (loop clock); `timeout_ms` is the timeout its error names.
         """
+        if self._envelope_json:  # the stateless era: the envelope joins whatever _meta the node sends
+            inner = meta.strip()[1:-1].strip() if meta else b""
+            meta = self._envelope_json[:-1] + b"," + inner + b"}" if inner else self._envelope_json
         rid, fut = self._start(_TOOLS_CALL, tool_call_params(tool, arguments, meta))
         return self._arm(rid, fut, deadline, tool.decode(), timeout_ms)
 
@@ -259,6 +288,48 @@ class Session:
         return len(self._pending)
 
     # --- the handshake and the listing --------------------------------------------------
+    async def open(self, timeout: float) -> None:
+        """Find the child's protocol era: the `initialize` handshake, else `server/discover`.
+
+        A child of the stateless revision has no `initialize` and answers it with an error
+        (method not found, or unsupported version naming its own); one that speaks both eras
+        is served in the handshake era, which every revision up to 2025-11-25 shares.
+        """
+        try:
+            await self.initialize(timeout)
+            return
+        except ChildError as refused:
+            handshake_error = refused
+        try:
+            await self.discover(timeout)
+        except ChildError as e:
+            raise ProtocolError(
+                self.name,
+                f"it refused both eras: initialize ({handshake_error.message}) and server/discover ({e.message}); "
+                f"the node speaks {', '.join(PROTOCOL_VERSIONS + STATELESS_VERSIONS)}",
+            ) from e
+
+    async def discover(self, timeout: float) -> None:
+        version = STATELESS_VERSIONS[-1]
+        raw = await self.request("server/discover", {"_meta": envelope(version)}, timeout)
+        try:
+            result = msgspec.json.decode(raw, type=_DiscoverResult)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise ProtocolError(self.name, f"its server/discover result is not a DiscoverResult: {e}") from e
+        mutual = [v for v in STATELESS_VERSIONS if v in result.supportedVersions]
+        if not mutual:
+            raise ProtocolError(
+                self.name,
+                f"it speaks MCP revisions {', '.join(result.supportedVersions[:8]) or 'none'}; "
+                f"the node speaks {', '.join(PROTOCOL_VERSIONS + STATELESS_VERSIONS)}",
+            )
+        self.protocol_version, self.era = mutual[-1], ERA_STATELESS
+        self._envelope = envelope(mutual[-1])
+        self._envelope_json = _encode(self._envelope)
+        self.capabilities = result.capabilities
+        info = result.meta.get(META_SERVER_INFO)
+        self.server_info = info if isinstance(info, dict) else {}
+
     async def initialize(self, timeout: float) -> None:
         raw = await self.request(
             "initialize",
@@ -274,7 +345,7 @@ class Session:
                 self.name,
                 f"it speaks MCP revision {result.protocolVersion!r}; the node speaks {', '.join(PROTOCOL_VERSIONS)}",
             )
-        self.protocol_version = result.protocolVersion
+        self.protocol_version, self.era = result.protocolVersion, ERA_HANDSHAKE
         self.server_info = result.serverInfo
         self.capabilities = result.capabilities
         self.notify("notifications/initialized")
@@ -295,4 +366,5 @@ class Session:
         raise ProtocolError(self.name, "tools/list paged more than 1000 times")
 
     async def ping(self, timeout: float) -> None:
-        await self.request("ping", None, timeout)
+        # The stateless era has no `ping`; `server/discover` is as cheap and answers the same question.
+        await self.request("server/discover" if self.era == ERA_STATELESS else "ping", None, timeout)

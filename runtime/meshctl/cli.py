@@ -183,7 +183,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
     )
     # Tools and service bundles in one table: KIND says which, RUNS who supervises it (the node,
     # or systemd as a unit), LAST EXIT how its child last ended.
-    rows = [("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")]
+    rows = [("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "MCP", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")]
     for b in status["bundles"]:
         kind = b.get("kind", "tools")
         rows.append(
@@ -194,6 +194,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
                 b.get("runs", "node"),
                 _state_shown(b),
                 str(b["pid"] or "-"),
+                f"{b['protocol_version']} ({b.get('era')})" if b.get("protocol_version") else "-",
                 str(b["restarts"]),
                 str(len(b["tools"])) if kind == "tools" else "-",
                 b["last_exit"] or "-",

@@ -10,6 +10,8 @@ mirror, whoami, trickle, hold, progress, meta (the call's params._meta, as the n
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
 RAW_CALL_LOG: a file the child appends "<unix time> started|cancelled|answered <request id> [reason]"
 to (the hold tool and every notifications/cancelled), so a test sees what reached the child and when.
+RAW_ERA=stateless: the 2026-07-28 revision only: `initialize` is refused, `server/discover` answers,
+and every request without the version envelope in `_meta` is refused (tool `meta` shows `_meta`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ MODE = os.environ.get("RAW_MODE", "normal")
 if os.environ.get("RAW_OK_FILE") and os.path.exists(os.environ["RAW_OK_FILE"]):
     MODE = "normal"
 REVISION = os.environ.get("RAW_PROTOCOL", "")
+STATELESS = os.environ.get("RAW_ERA") == "stateless"
+MODERN = "2026-07-28"
+VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _out_lock = threading.Lock()
 _cancelled: set[object] = set()
 _extra_tools: list[dict] = []
@@ -271,6 +276,29 @@ def main() -> None:
             continue
         method, rid = msg.get("method"), msg.get("id")
         params = msg.get("params") or {}
+        if STATELESS and rid is not None and method is not None:
+            if method == "initialize":
+                error = {"code": -32022, "message": "this server speaks 2026-07-28 only: no initialize"}
+                send({"jsonrpc": "2.0", "id": rid, "error": dict(error, data={"supported": [MODERN]})})
+                continue
+            if (params.get("_meta") or {}).get(VERSION_KEY) != MODERN:
+                error = {"code": -32602, "message": f"params._meta is missing the required envelope key {VERSION_KEY}"}
+                send({"jsonrpc": "2.0", "id": rid, "error": error})
+                continue
+            if method == "server/discover":
+                result = {
+                    "supportedVersions": [MODERN],
+                    "capabilities": {"tools": {}},
+                    "resultType": "complete",
+                    "cacheScope": "public",
+                    "ttlMs": 0,
+                    "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "raw-child", "version": "1"}},
+                }
+                send({"jsonrpc": "2.0", "id": rid, "result": result})
+                continue
+            if method == "ping":  # no ping in this revision
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found: ping"}})
+                continue
         if method == "initialize":
             if MODE == "no_init":
                 continue
