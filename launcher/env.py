@@ -52,6 +52,7 @@ def child_env(
     build_env: Mapping[str, str] | None = None,
     child_user: str | None = None,
     parent: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The child's whole environment; a child run as `child_user` gets that user's HOME and names."""
     parent = os.environ if parent is None else parent
@@ -64,6 +65,7 @@ def child_env(
     for k, v in (build_env or {}).items():
         env[k] = v.replace("{bundle_dir}", placeholder)
     env.update(manifest_env)
+    env.update(secrets or {})  # after the manifest's env: a manifest cannot shadow the node's secret
     env.update(
         {
             "MESH_NODE": node,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .imported import LANGUAGE_OF, REGISTRIES, LockError, is_package_bundle, read_lock
 from .load import LoadedModule, ManifestError, Problem, load_module, load_module_bytes
 
 # Repositories of the runtime's own image; an image built on one of them wraps own code in it.
@@ -38,8 +39,52 @@ def is_runtime_image(ref: str, runtime_images: tuple[str, ...] = RUNTIME_IMAGES)
     return any(repo == r or repo.endswith("/" + r) for r in map(_repository, runtime_images))
 
 
-def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> list[Problem]:
+def third_party(loaded: LoadedModule) -> tuple[list[str], list[Problem]]:
+    """What the module ships of third-party packages (imported with `meshctl module import`), and their problems.
+
+    A package bundle is third-party code fetched from a registry and pinned by hash, not the
+    module's own code: record 0188's rule for own code does not apply to it, and the check says so.
+    """
+    notes: list[str] = []
     problems: list[Problem] = []
+    file = str(loaded.path)
+    refs = {a.ref for a in loaded.module.artifact if a.kind == "package"}
+    for i, bundle in enumerate(loaded.module.bundle):
+        source = loaded.source_dir(bundle)
+        if not is_package_bundle(source):
+            continue
+        try:
+            lock = read_lock(source)
+        except LockError as e:
+            problems.append(Problem(file, f"bundle[{i}].source", e.reason))
+            continue
+        if LANGUAGE_OF[lock.registry] != bundle.language:
+            problems.append(
+                Problem(
+                    file,
+                    f"bundle[{i}].language",
+                    f"{bundle.language!r}, but the bundle is a {lock.registry} package ({lock.spec}): "
+                    f"write language = {LANGUAGE_OF[lock.registry]!r}",
+                )
+            )
+        if lock.spec not in refs:
+            problems.append(
+                Problem(
+                    file,
+                    "artifact",
+                    f"bundle {bundle.name!r} is the third-party package {lock.spec}, which no "
+                    f'[[artifact]] names: add kind = "package", ref = "{lock.spec}"',
+                )
+            )
+        notes.append(
+            f"bundle {bundle.name!r} is third-party: the package {lock.spec} from {REGISTRIES[lock.registry]}, "
+            f"{len(lock.fetched)} files pinned by hash; not the module's own code"
+        )
+    return notes, problems
+
+
+def check_loaded(loaded: LoadedModule, runtime_images: tuple[str, ...] = RUNTIME_IMAGES) -> list[Problem]:
+    problems: list[Problem] = list(third_party(loaded)[1])
     file = str(loaded.path)
     for i, artifact in enumerate(loaded.module.artifact):
         if artifact.kind != "image":

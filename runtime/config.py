@@ -5,6 +5,7 @@ name = "node-a"
 state_dir = "/var/lib/mesh-node"
 manifests = "/srv/modules"         # serve every module folder under it, from source
 child_user = "mesh"                # run children as this user (needs root)
+secrets = "/etc/mesh/secrets.toml"  # API keys per bundle, readable by the node alone (runtime/secrets.py)
 
 [nats]
 url = "nats://10.0.0.1:4222,nats://10.0.0.2:4222"   # none: start the embedded server
@@ -120,6 +121,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     manifests: str | None = None
     child_user: str | None = None
     child_group: str | None = None
+    secrets: str | None = None  # a file of secrets per bundle, mode 0600 (runtime/secrets.py)
     queue_group: str = "mesh"
     # Watch this node's membership in JetStream KV and run what is delivered to it.
     membership: bool = True

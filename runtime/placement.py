@@ -17,8 +17,10 @@ from launcher.process import ChildSpec
 from launcher.reaper import MARKER_VAR
 from manifests import BundleManifest, LoadedModule, ManifestError, find_modules, load_module
 from manifests.check import refuse_own_image
+from manifests.imported import is_package_bundle
 
 from .config import NodeConfig
+from .secrets import SecretsError, bundle_secrets
 from .source import preparer
 
 log = logging.getLogger("mesh.node")
@@ -60,7 +62,10 @@ def child_of(
     """
     module = placement.loaded.module
     bundle_dir = placement.dirs[spec.name]
-    built_first = placement.from_source and spec.language not in RUN_FROM_SOURCE
+    # An imported package is built from its lock even in a language otherwise run from source.
+    built_first = placement.from_source and (
+        spec.language not in RUN_FROM_SOURCE or is_package_bundle(placement.loaded.source_dir(spec))
+    )
     try:
         argv = resolve_argv(spec.entry, bundle_dir)
     except EntryNotFound as e:
@@ -78,6 +83,7 @@ def child_of(
         pass_env=spec.pass_env,
         build_env=placement.build_env.get(spec.name),
         child_user=config.child_user,
+        secrets=_secrets(config, module.name, spec.name),
     )
     env[MARKER_VAR] = run_id
     child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
@@ -99,6 +105,19 @@ def runner_spec(placement: Placement, spec: BundleManifest, config: NodeConfig, 
         health=config.health,
         prepare=prepare,
     )
+
+
+def _secrets(config: NodeConfig, module: str, bundle: str) -> dict[str, str]:
+    if not config.secrets:
+        return {}
+    try:
+        found = bundle_secrets(config.secrets, module, bundle)
+    except SecretsError as e:
+        log.error("bundle %s/%s: %s", module, bundle, e)
+        return {}
+    if found:  # names only: a value is never logged
+        log.info("bundle %s/%s: secrets %s from %s", module, bundle, ", ".join(sorted(found)), config.secrets)
+    return found
 
 
 def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:

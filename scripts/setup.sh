@@ -18,7 +18,7 @@ python -m pip install --disable-pip-version-check --quiet --upgrade pip
 python -m pip install --disable-pip-version-check --quiet -e '.[test]'
 bash scripts/setup-python.sh
 
-for lang in c go rust typescript systemd; do
+for lang in c go rust typescript systemd imports; do
   script="scripts/setup-$lang.sh"
   if [ -f "$script" ]; then
     echo "setup: $lang"

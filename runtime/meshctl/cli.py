@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from manifests import ManifestError
-from manifests.check import RUNTIME_IMAGES, check_path
+from manifests import ManifestError, load_module
+from manifests.check import RUNTIME_IMAGES, check_path, third_party
 from manifests.imported import LockError, read_lock
 from runtime.bus import BusError, connect
 from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_name_problem
@@ -336,6 +336,12 @@ def cmd_module_check(args: argparse.Namespace) -> int:
             failed += 1
         elif not args.quiet:
             print(f"{path}: ok")
+            try:
+                notes = third_party(load_module(path))[0]
+            except ManifestError:
+                notes = []
+            for note in notes:
+                print(f"{path}: {note}")
     return 1 if failed else 0
 
 

@@ -75,7 +75,11 @@ class Fetch:
         except subprocess.TimeoutExpired:
             raise self.fail(f"`{' '.join(command[:3])}` did not finish in {CLIENT_TIMEOUT_S} s") from None
         if proc.returncode != 0:
-            said = [line for line in (proc.stderr + proc.stdout).strip().splitlines() if line.strip()]
+            said = [
+                line
+                for line in (proc.stderr + proc.stdout).strip().splitlines()
+                if line.strip() and "A complete log of this run" not in line  # npm's pointer to its own log
+            ]
             tail = "\n  ".join(said[-OUTPUT_TAIL_LINES:]) or f"exit code {proc.returncode}"
             hint = " (offline: is the package in the cache? run without --offline once)" if self.offline else ""
             raise self.fail(f"`{' '.join(command[:3])}` refused it{hint}:\n  {tail}")

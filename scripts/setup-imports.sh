@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Fetch the published MCP servers the import tests use (tests/data/imports.txt) into the package
+# cache, .cache/packages (npm's cache and the wheels; Go modules go to Go's own module cache), so
+# `meshctl module import --offline` and the builds of those modules need no network later.
+# About 35 MB. Idempotent: a spec the cache already holds is imported offline and not fetched again.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+export MESH_PACKAGE_CACHE="${MESH_PACKAGE_CACHE:-$repo/.cache/packages}"
+meshctl=(.venv/bin/python -m runtime.meshctl)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+n=0
+while read -r spec; do
+  case "$spec" in ''|'#'*) continue ;; esac
+  n=$((n + 1))
+  if "${meshctl[@]}" module import "$spec" --offline --out "$work/$n" >/dev/null 2>&1; then
+    echo "setup-imports: $spec is in the cache"
+  else
+    echo "setup-imports: fetching $spec"
+    rm -rf "$work/$n"
+    "${meshctl[@]}" module import "$spec" --out "$work/$n" >/dev/null
+  fi
+done < tests/data/imports.txt

@@ -1,0 +1,203 @@
+"""Published MCP servers as bundles: `meshctl module import` from npm, PyPI and the Go module proxy,
+built, delivered to a node over the bus and called; reproducible; a missing version writes nothing.
+
+Offline: scripts/setup-imports.sh fetched the packages of tests/data/imports.txt into
+.cache/packages (and Go's module cache); every import and build here runs with MESH_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.support.mesh import MESHCTL, ROOT, call, client, status, wait_state
+from tests.test_delivery import wait_call
+from toolchains.artifact import read_meta
+
+pytestmark = pytest.mark.slow
+
+EVERYTHING = "npm:@modelcontextprotocol/server-everything@2026.8.31"
+TIME = "pypi:mcp-server-time==2026.10.19"
+GO_MEMORY = "go:github.com/modelcontextprotocol/go-sdk/examples/server/memory@v1.8.0"
+NAMES = {EVERYTHING: "everything", TIME: "time", GO_MEMORY: "go-memory"}
+SERVER_ARGS = {EVERYTHING: ["stdio"]}
+CACHE = ROOT / ".cache" / "packages"
+# Children here are real servers on a shared machine: give them time to start.
+NODE_CONFIG = """
+[health]
+init_timeout_s = 30
+ping_interval_s = 5
+ping_timeout_s = 5
+"""
+
+
+def meshctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MESH_PACKAGE_CACHE=str(CACHE), MESH_OFFLINE="1")
+    proc = subprocess.run([*MESHCTL, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert proc.returncode == 0, f"meshctl {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def import_module(spec: str, out: Path) -> Path:
+    proc = meshctl("module", "import", spec, "--name", NAMES[spec], "--out", str(out), "--", *SERVER_ARGS.get(spec, []))
+    assert "nothing was written" not in proc.stderr
+    return out
+
+
+def build(module: Path, out: Path) -> Path:
+    meshctl("bundle", "build", str(module), "--out", str(out))
+    (artifact,) = out.glob("*.tar.gz")
+    return artifact
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"toolchain missing: `{tool}` is not installed (see scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Path]]]:
+    """Each server imported (offline, from the setup's cache) and built once: spec -> (module, artifact)."""
+    for tool in ("node", "npm", "go"):
+        _need(tool)
+    if not CACHE.is_dir():
+        pytest.fail(f"{CACHE} is missing: run scripts/setup-imports.sh (scripts/setup.sh runs it)")
+    root = tmp_path_factory.mktemp("imports")
+    yield {
+        spec: (module := import_module(spec, root / NAMES[spec]), build(module, root / f"out-{NAMES[spec]}"))
+        for spec in NAMES
+    }
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*"))
+    assert files_a == sorted(p.relative_to(b) for p in b.rglob("*"))
+    for rel in files_a:
+        if (a / rel).is_file():
+            assert filecmp.cmp(a / rel, b / rel, shallow=False), f"{rel} differs between two imports"
+
+
+def test_each_import_is_a_module_the_check_names_third_party(built: dict[str, tuple[Path, Path]]) -> None:
+    for spec, (module, artifact) in built.items():
+        lock = json.loads((module / "package" / "mesh-import.json").read_text())
+        assert lock["spec"] == spec and lock["fetched"], lock
+        assert all(f["hash"] for f in lock["fetched"])  # every fetched file pinned by hash
+        proc = meshctl("module", "check", str(module))
+        assert f"{module}: ok" in proc.stdout
+        assert f"is third-party: the package {spec}" in proc.stdout, proc.stdout
+        meta = read_meta(artifact)
+        assert meta.entry == lock["entry"]
+    everything = json.loads((built[EVERYTHING][0] / "package" / "mesh-import.json").read_text())
+    # The entry comes from the package's own `bin`, with the arguments given after --.
+    assert everything["entry"] == [
+        "node",
+        "node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+        "stdio",
+    ]
+    # Packed with its production node_modules: no esbuild single file, no dev dependencies.
+    files = read_meta(built[EVERYTHING][1]).files
+    assert "node_modules/@modelcontextprotocol/server-everything/dist/index.js" in files
+    assert not any(p.startswith("node_modules/esbuild/") for p in files)
+    # Compiled wheels (pydantic-core): the bundle names the interpreter ABI and platform it needs.
+    time_meta = read_meta(built[TIME][1])
+    assert (time_meta.python_abi, time_meta.os) == (
+        f"cp{os.sys.version_info.major}{os.sys.version_info.minor}",
+        "linux",
+    )
+    assert any(p.startswith("_vendor/mcp_server_time/") for p in time_meta.files)
+    assert read_meta(built[GO_MEMORY][1]).files.keys() == {"bin/memory"}  # one static binary
+
+
+def test_two_imports_of_one_spec_give_the_same_bytes(built: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    for spec, (module, artifact) in built.items():
+        again = import_module(spec, tmp_path / NAMES[spec])
+        _same_tree(module, again)
+        rebuilt = build(again, tmp_path / f"out-{NAMES[spec]}")
+        assert rebuilt.name == artifact.name
+        assert rebuilt.read_bytes() == artifact.read_bytes(), f"{spec}: two builds differ"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "npm:@modelcontextprotocol/server-everything@1999.1.1",
+        "pypi:mcp-server-time==1999.1.1",
+        "go:github.com/modelcontextprotocol/go-sdk/examples/server/memory@v1999.1.1",
+    ],
+)
+def test_a_version_that_does_not_exist_fails_clearly_and_writes_nothing(spec: str, tmp_path: Path) -> None:
+    out = tmp_path / "module"
+    proc = meshctl("module", "import", spec, "--out", str(out), check=False)
+    assert proc.returncode == 1
+    assert (
+        f"import of {spec} failed" in proc.stderr and "1999.1.1" in proc.stderr and "nothing was written" in proc.stderr
+    )
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_spec_is_refused_before_any_client_runs(tmp_path: Path) -> None:
+    for spec, said in (
+        ("npm:left-pad@^1.0.0", "is not an exact version"),
+        ("pypi:mcp-server-time@1.0", "written with =="),
+        ("apt:curl", "not npm:, pypi:, cargo: or go:"),
+        ("cargo:some-server@1.0.0", "crates.io imports are not built yet"),
+    ):
+        proc = meshctl("module", "import", spec, "--out", str(tmp_path / "m"), check=False)
+        assert proc.returncode == 1 and said in proc.stderr, proc.stderr
+        assert not (tmp_path / "m").exists()
+
+
+async def test_imported_servers_delivered_and_called_over_the_bus(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path, node_factory, nats_server
+) -> None:
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text('["everything/tools"]\nEVERYTHING_TOKEN = "tok-5ecret-value"\n')
+    secrets.chmod(0o600)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    node = node_factory(empty, config=f'secrets = "{secrets}"\n' + NODE_CONFIG)
+    artifacts = [str(artifact) for _, artifact in built.values()]
+    proc = subprocess.run(
+        [*MESHCTL, "bundle", "deliver", *artifacts, "--node", node.name, "--nats", nats_server.url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    nc = await client(nats_server.url)
+    for module in NAMES.values():
+        ready = await wait_state(nc, node.name, f"{module}/tools", "ready", timeout=60)
+        assert ready["era"] == "handshake" and ready["protocol_version"] == "2025-11-25", ready
+    # npm: the reference server's echo, and its long-running tool (steps with progress) to the end.
+    code, result = await wait_call(nc, "mesh.tool.everything.echo", {"message": "hi mesh"}, lambda r: r[0] == 200)
+    assert result["content"][0]["text"] == "Echo: hi mesh"
+    code, result = await call(
+        nc, "mesh.tool.everything.trigger-long-running-operation", {"duration": 1, "steps": 4}, timeout=20
+    )
+    assert code == 200 and "completed" in result["content"][0]["text"].lower(), result
+    # The secret reached this bundle's environment, from the node's secrets file only.
+    code, result = await call(nc, "mesh.tool.everything.get-env", {})
+    assert code == 200 and "tok-5ecret-value" in result["content"][0]["text"]
+    # PyPI: mcp-server-time from its vendored wheels.
+    code, result = await call(nc, "mesh.tool.time.get_current_time", {"timezone": "UTC"}, timeout=20)
+    assert code == 200 and not result.get("isError"), result
+    assert '"timezone": "UTC"' in result["content"][0]["text"] or "UTC" in json.dumps(result)
+    # Go module proxy: the Go SDK's memory server, built from the pinned module into one binary.
+    entity = {"name": "mesh", "entityType": "project", "observations": ["serves published servers"]}
+    code, result = await call(nc, "mesh.tool.go-memory.create_entities", {"entities": [entity]})
+    assert code == 200 and not result.get("isError"), result
+    code, result = await call(nc, "mesh.tool.go-memory.read_graph", {})
+    assert code == 200 and "serves published servers" in json.dumps(result)
+    assert not any(b["last_error"] for b in (await status(nc, node.name))["bundles"])
+    await nc.close()
+    assert "tok-5ecret-value" not in node.log()  # the value is never logged; its name may be
+    assert "EVERYTHING_TOKEN" in node.log()
