@@ -110,7 +110,7 @@ def test_each_import_is_a_module_the_check_names_third_party(built: dict[str, tu
     # Compiled wheels (pydantic-core): the bundle names the interpreter ABI and platform it needs.
     time_meta = read_meta(built[TIME][1])
     assert (time_meta.python_abi, time_meta.os) == (
-        f"cp{os.sys.version_info.major}{os.sys.version_info.minor}",
+        f"cp{sys.version_info.major}{sys.version_info.minor}",
         "linux",
     )
     assert any(p.startswith("_vendor/mcp_server_time/") for p in time_meta.files)

@@ -180,3 +180,60 @@ def test_a_line_over_the_limit_is_refused_and_the_splitter_starts_over() -> None
         lines.feed(b"678901")
     lines.feed(b"ok\n")
     assert got == [b"ok"]
+
+
+# --- the stateless era (2026-07-28) ---------------------------------------------------------------
+async def _open_stateless(session: Session, wire: Wire) -> asyncio.Task[None]:
+    task = asyncio.get_running_loop().create_task(session.open(1))
+    await asyncio.sleep(0)
+    init = wire.lines[-1]
+    assert init["method"] == "initialize"
+    error = {"code": -32022, "message": "2026-07-28 only", "data": {"supported": ["2026-07-28"]}}
+    session.feed(json.dumps({"jsonrpc": "2.0", "id": init["id"], "error": error}).encode())
+    await asyncio.sleep(0)
+    return task
+
+
+async def test_a_child_that_refuses_initialize_is_asked_server_discover_and_gets_the_envelope() -> None:
+    session, wire = session_with_wire()
+    task = await _open_stateless(session, wire)
+    discover = wire.lines[-1]
+    assert discover["method"] == "server/discover"
+    assert discover["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    info = {"io.modelcontextprotocol/serverInfo": {"name": "new", "version": "2"}}
+    session.feed(answer(discover["id"], {"supportedVersions": ["2026-07-28"], "capabilities": {}, "_meta": info}))
+    await task
+    assert (session.era, session.protocol_version, session.server_info["name"]) == ("stateless", "2026-07-28", "new")
+    assert not any(line.get("method") == "notifications/initialized" for line in wire.lines)
+    # Every later request carries the envelope: a tools/call, a listing, the health check.
+    loop = asyncio.get_running_loop()
+    call = session.begin_tool_call(b'"greet"', b"{}", loop.time() + 1, 1000)
+    sent = wire.lines[-1]
+    assert sent["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    assert sent["params"]["name"] == "greet" and sent["params"]["arguments"] == {}
+    session.feed(answer(call.rid, {"content": []}))
+    await session.result(call)
+    ping = loop.create_task(session.ping(1))
+    await asyncio.sleep(0)
+    assert wire.lines[-1]["method"] == "server/discover"  # no ping in this revision
+    assert "io.modelcontextprotocol/clientCapabilities" in wire.lines[-1]["params"]["_meta"]
+    session.feed(answer(wire.lines[-1]["id"], {"supportedVersions": ["2026-07-28"]}))
+    await ping
+
+
+async def test_a_child_of_neither_era_is_named_with_both_refusals() -> None:
+    session, wire = session_with_wire()
+    task = await _open_stateless(session, wire)
+    session.feed(
+        json.dumps({"jsonrpc": "2.0", "id": wire.lines[-1]["id"], "error": {"code": -32601, "message": "no"}}).encode()
+    )
+    with pytest.raises(ProtocolError, match="refused both eras"):
+        await task
+
+
+async def test_a_stateless_child_of_another_revision_is_refused_by_name() -> None:
+    session, wire = session_with_wire()
+    task = await _open_stateless(session, wire)
+    session.feed(answer(wire.lines[-1]["id"], {"supportedVersions": ["2099-01-01"]}))
+    with pytest.raises(ProtocolError, match="2099-01-01"):
+        await task
