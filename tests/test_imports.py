@@ -202,3 +202,19 @@ async def test_imported_servers_delivered_and_called_over_the_bus(
     await nc.close()
     assert "tok-5ecret-value" not in node.log()  # the value is never logged; its name may be
     assert "EVERYTHING_TOKEN" in node.log()
+
+
+async def test_an_imported_module_is_served_from_source_by_node_run_manifests(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path, node_factory
+) -> None:
+    # A Python package bundle is built first (its wheels vendored), though Python bundles of
+    # one's own run straight from their source folder.
+    shutil.copytree(built[TIME][0], tmp_path / "mods" / "time")
+    node = node_factory(
+        tmp_path / "mods", config=NODE_CONFIG, env={"MESH_PACKAGE_CACHE": str(CACHE), "MESH_OFFLINE": "1"}
+    )
+    nc = await client(node.bus_url())
+    await wait_state(nc, node.name, "time/tools", "ready", timeout=120)
+    code, result = await call(nc, "mesh.tool.time.get_current_time", {"timezone": "Europe/Paris"}, timeout=20)
+    assert code == 200 and "Europe/Paris" in json.dumps(result), result
+    await nc.close()
