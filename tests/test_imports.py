@@ -149,7 +149,7 @@ def test_a_bad_spec_is_refused_before_any_client_runs(tmp_path: Path) -> None:
         ("npm:left-pad@^1.0.0", "is not an exact version"),
         ("pypi:mcp-server-time@1.0", "written with =="),
         ("apt:curl", "not npm:, pypi:, cargo: or go:"),
-        ("cargo:some-server@1.0.0", "crates.io imports are not built yet"),
+        ("go:github.com/acme/server@1.0.0", "Go versions start with v"),
     ):
         proc = meshctl("module", "import", spec, "--out", str(tmp_path / "m"), check=False)
         assert proc.returncode == 1 and said in proc.stderr, proc.stderr
@@ -218,3 +218,21 @@ async def test_an_imported_module_is_served_from_source_by_node_run_manifests(
     code, result = await call(nc, "mesh.tool.time.get_current_time", {"timezone": "Europe/Paris"}, timeout=20)
     assert code == 200 and "Europe/Paris" in json.dumps(result), result
     await nc.close()
+
+
+def test_a_javascript_package_installed_by_hand_is_packed_without_esbuild(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    # The first try: `npm install` of the server into a module folder, entry into
+    # node_modules. Its package-lock.json is what gets installed, production dependencies only.
+    module = tmp_path / "by-hand"
+    (module / "src").mkdir(parents=True)
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(built[EVERYTHING][0] / "package" / name, module / "src" / name)
+    (module / "module.toml").write_text(
+        'name = "by-hand"\nversion = "1.0.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "typescript"\n'
+        'source = "src"\nentry = ["node", "node_modules/@modelcontextprotocol/server-everything/dist/index.js", "stdio"]\n'
+    )
+    files = read_meta(build(module, tmp_path / "out")).files
+    assert "node_modules/@modelcontextprotocol/server-everything/dist/index.js" in files
+    assert "package-lock.json" in files and not any(p.startswith("node_modules/esbuild/") for p in files)

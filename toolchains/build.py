@@ -18,11 +18,10 @@ from typing import Callable
 
 from manifests import BundleManifest, LoadedModule, load_module
 from manifests.check import refuse_own_image
-from manifests.imported import is_package_bundle
 
 from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
 from .base import BuildContext, BuildOutput, Toolchain
-from .packaged import build_package
+from .packaged import build_package, is_packaged
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
 
@@ -185,8 +184,9 @@ def _stage(
         repo_root=repo_root,
         log=lambda line: progress(f"{tag} {line}"),
     )
-    # An imported package (its import lock in the source folder) is built from that lock.
-    output = build_package(ctx) if is_package_bundle(ctx.source_dir) else toolchain.build(ctx)
+    # A published package (imported, with its lock; or a JavaScript one installed by hand) is
+    # built from its lock by the registry's client, not compiled.
+    output = build_package(ctx) if is_packaged(bundle, ctx.source_dir) else toolchain.build(ctx)
     _check_entry(loaded.module.name, bundle, stage_dir)
     return output
 

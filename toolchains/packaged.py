@@ -7,11 +7,14 @@ package cache that the import filled (offline with MESH_OFFLINE=1):
   package's production node_modules as installed, no esbuild;
 - PyPI: `pip install --require-hashes --no-deps` of the locked wheels into `_vendor/`;
   `python_abi` names the interpreter ABI a compiled wheel needs;
-- Go: `go install <package>@<version>` into `bin/`, static, as reproducible as a Go bundle.
+- Go: `go install <package>@<version>` into `bin/`, static, as reproducible as a Go bundle;
+- crates.io: `cargo install --locked <crate>@<version>` (the crate's published Cargo.lock) into
+  `bin/`, with the Rust toolchain's reproducibility flags.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from manifests.imported import PackageLock, read_lock
+from manifests import BundleManifest
+from manifests.imported import PackageLock, is_package_bundle, read_lock
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
 from .python import VENDOR, _normalise_vendor, _platform_if_native
@@ -42,7 +46,30 @@ def offline() -> bool:
     return os.environ.get("MESH_OFFLINE", "") not in ("", "0")
 
 
+def runs_from_node_modules(bundle: BundleManifest, source_dir: Path) -> bool:
+    """A JavaScript package used as it was published: the entry runs a script inside node_modules.
+
+    Such a bundle (made by hand with `npm install`, or imported) needs no compiler: it is
+    packed with its production node_modules from its package-lock.json, no esbuild.
+    """
+    entry = bundle.entry
+    return (
+        bundle.language == "typescript"
+        and len(entry) > 1
+        and entry[0] == "node"
+        and entry[1].startswith("node_modules/")
+        and (source_dir / "package-lock.json").is_file()
+    )
+
+
+def is_packaged(bundle: BundleManifest, source_dir: Path) -> bool:
+    return is_package_bundle(source_dir) or runs_from_node_modules(bundle, source_dir)
+
+
 def build_package(ctx: BuildContext) -> BuildOutput:
+    if not is_package_bundle(ctx.source_dir):  # a JavaScript package installed by hand
+        ctx.log("the entry runs a script in node_modules: packed with its production node_modules, no esbuild")
+        return _npm(ctx)
     lock = read_lock(ctx.source_dir)
     for name in LOCKS[lock.registry]:
         if not (ctx.source_dir / name).is_file():
@@ -52,12 +79,10 @@ def build_package(ctx: BuildContext) -> BuildOutput:
                 ["build"],
                 f"{ctx.source_dir / name} is missing; import the package again with `meshctl module import {lock.spec}`",
             )
-    builders = {"npm": _npm, "pypi": _pypi, "go": _go}
-    if lock.registry not in builders:
-        raise BuildFailed(
-            ctx.bundle.language, ctx.bundle.name, ["build"], f"{lock.registry} packages are not built yet"
-        )
     ctx.log(f"package bundle: {lock.spec} ({len(lock.fetched)} locked files){' offline' if offline() else ''}")
+    if lock.registry == "npm":
+        return _npm(ctx)
+    builders = {"pypi": _pypi, "go": _go, "cargo": _cargo}
     return builders[lock.registry](ctx, lock)
 
 
@@ -78,7 +103,7 @@ def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) 
     return proc.stdout
 
 
-def _npm(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
+def _npm(ctx: BuildContext) -> BuildOutput:
     from runtime.meshctl.imports.npm import npm_env  # one npm environment for import and build
 
     env = npm_env(package_cache_dir())
@@ -166,3 +191,32 @@ def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
         env,
     )
     return BuildOutput(os="linux", arch=arch)
+
+
+def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
+    from runtime.meshctl.imports.cargo import cargo_env, cargo_home
+
+    from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env
+
+    cargo, host = TOOLCHAIN._tools()
+    binary = lock.entry[0].removeprefix("bin/")
+    crate = next(f for f in lock.fetched if f.name == lock.package and f.version == lock.version)
+    cached = [p for p in (cargo_home() / "registry" / "cache").glob(f"*/{crate.file}") if p.is_file()]
+    if cached and f"sha256:{hashlib.sha256(cached[0].read_bytes()).hexdigest()}" != crate.hash:
+        raise BuildFailed(
+            "rust", ctx.bundle.name, ["cargo", "install"], f"{cached[0]} does not match its locked hash {crate.hash}"
+        )
+    # A fixed target folder per crate version: the build is incremental, and its paths are remapped.
+    home = (ctx.cache_dir / "packages" / f"{lock.package}-{lock.version}").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(_build_env(cargo, home / "none", home / "target"))
+    env.update({k: v for k, v in cargo_env(offline()).items() if k.startswith("CARGO_NET")})
+    with tempfile.TemporaryDirectory(dir=home, prefix="root-") as root:
+        command = [cargo, "install", "--locked", "--root", root, "--bin", binary, f"{lock.package}@{lock.version}"]
+        ctx.log(f"cargo install --locked {lock.package}@{lock.version} -> bin/{binary}")
+        _run(ctx, [*command, "-j", str(JOBS), "--color", "never"], home, env)
+        target = ctx.stage_dir / "bin" / binary
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(root) / "bin" / binary, target)
+    target.chmod(0o755)
+    return BuildOutput(os="linux", arch=ARCHES.get(host.split("-")[0], host.split("-")[0]))

@@ -558,9 +558,9 @@ def parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_module_check)
     imp = module_verbs.add_parser(
         "import",
-        help="make a module of a published MCP server (npm, PyPI, the Go module proxy), pinned by hash",
-        description="SPEC: npm:<package>@<version>, pypi:<package>==<version>, go:<package path>@<version> "
-        "(cargo:<crate>@<version> is refused for now); no version: the newest, written into the lock. "
+        help="make a module of a published MCP server (npm, PyPI, crates.io, the Go module proxy), pinned by hash",
+        description="SPEC: npm:<package>@<version>, pypi:<package>==<version>, cargo:<crate>@<version>, "
+        "go:<package path>@<version>; no version: the newest, written into the lock. "
         "Arguments after -- are the server's own, appended to its entry.",
     )
     imp.add_argument("spec", metavar="SPEC", help="then, after --, the arguments the server is run with")
