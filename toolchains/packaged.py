@@ -46,6 +46,41 @@ def offline() -> bool:
     return os.environ.get("MESH_OFFLINE", "") not in ("", "0")
 
 
+# --- each registry client's environment, shared by `meshctl module import` and the build ------
+def npm_env(cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        npm_config_cache=str(cache / "npm"),
+        npm_config_update_notifier="false",
+        npm_config_fund="false",
+        npm_config_audit="false",
+        npm_config_loglevel="error",
+    )
+    return env
+
+
+def go_env(offline: bool) -> dict[str, str]:
+    env = dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN="local")
+    if offline:
+        # The module cache serves as the proxy (GOPROXY=off would refuse even the deprecation
+        # look-up `go install pkg@version` makes). Hashes are still checked: the main module's
+        # against the import lock, every other against the main module's go.sum.
+        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
+        env.update(GOPROXY=f"file://{cache}/cache/download", GOSUMDB="off")
+    return env
+
+
+def cargo_home() -> Path:
+    return Path(os.environ.get("CARGO_HOME") or Path.home() / ".cargo")
+
+
+def cargo_env(offline: bool) -> dict[str, str]:
+    env = dict(os.environ, CARGO_TERM_PROGRESS_WHEN="never", CARGO_TERM_COLOR="never")
+    if offline:
+        env["CARGO_NET_OFFLINE"] = "true"
+    return env
+
+
 def runs_from_node_modules(bundle: BundleManifest, source_dir: Path) -> bool:
     """A JavaScript package used as it was published: the entry runs a script inside node_modules.
 
@@ -104,8 +139,6 @@ def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) 
 
 
 def _npm(ctx: BuildContext) -> BuildOutput:
-    from runtime.meshctl.imports.npm import npm_env  # one npm environment for import and build
-
     env = npm_env(package_cache_dir())
     ctx.cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ctx.cache_dir, prefix="npm-package-") as scratch_name:
@@ -167,8 +200,6 @@ def _pypi(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
 
 
 def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
-    from runtime.meshctl.imports.gomod import go_env
-
     env = go_env(offline())
     env.update(GOOS="linux", GOFLAGS="", GOBIN=str((ctx.stage_dir / "bin").resolve()))
     cwd = ctx.cache_dir.resolve()
@@ -194,8 +225,6 @@ def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
 
 
 def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
-    from runtime.meshctl.imports.cargo import cargo_env, cargo_home
-
     from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env
 
     cargo, host = TOOLCHAIN._tools()

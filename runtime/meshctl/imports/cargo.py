@@ -8,7 +8,6 @@ the crate's published Cargo.lock pins every dependency with its checksum, and `c
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import tarfile
 import tomllib
@@ -16,19 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
+from toolchains.packaged import cargo_env, cargo_home
 
 from .core import Fetch, Resolved
-
-
-def cargo_home() -> Path:
-    return Path(os.environ.get("CARGO_HOME") or Path.home() / ".cargo")
-
-
-def cargo_env(offline: bool) -> dict[str, str]:
-    env = dict(os.environ, CARGO_TERM_PROGRESS_WHEN="never", CARGO_TERM_COLOR="never")
-    if offline:
-        env["CARGO_NET_OFFLINE"] = "true"
-    return env
 
 
 def resolve(fetch: Fetch, args: list[str]) -> Resolved:
@@ -51,7 +40,8 @@ def resolve(fetch: Fetch, args: list[str]) -> Resolved:
     if not (root / "Cargo.lock").is_file():
         raise fetch.fail(f"{spec.package} {version} was published without a Cargo.lock: its build could not be pinned")
     fetch.log(f"cargo: fetching the {spec.package} {version} dependencies its Cargo.lock pins")
-    fetch.run(["cargo", "fetch", "--locked"], root, env)
+    # From outside the crate: a rust-toolchain.toml in it would make rustup fetch another Rust.
+    fetch.run(["cargo", "fetch", "--locked", "--manifest-path", str(root / "Cargo.toml")], fetch.work, env)
     fetched = [Fetched(name=spec.package, version=version, hash=f"sha256:{_sha256(crate)}", file=crate.name)]
     for package in _toml(fetch, root / "Cargo.lock").get("package", []):
         if package.get("source", "").startswith("registry+") and package.get("checksum"):

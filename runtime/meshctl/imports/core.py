@@ -19,6 +19,7 @@ from typing import Callable
 
 from manifests.imported import LANGUAGE_OF, REGISTRIES, PackageLock, encode_lock, lock_path
 from manifests.model import NAME_RE
+from toolchains.packaged import package_cache_dir  # the build reads the same cache
 
 from .spec import ImportSpec, parse_spec
 
@@ -106,8 +107,6 @@ def import_package(
     log: Callable[[str], None] = print,
 ) -> Path:
     """Fetch the package of `text` (a SPEC) and write its module folder; return the folder."""
-    from toolchains.packaged import package_cache_dir  # the build reads the same cache
-
     from . import cargo, gomod, npm, pypi
 
     spec = parse_spec(text)

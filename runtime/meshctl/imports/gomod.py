@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 from manifests.imported import Fetched, PackageLock
+from toolchains.packaged import go_env
 
 from .core import Fetch, Resolved
-
-
-def go_env(offline: bool) -> dict[str, str]:
-    env = dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0", GOTOOLCHAIN="local")
-    if offline:
-        # The module cache serves as the proxy (GOPROXY=off would refuse even the deprecation
-        # look-up `go install pkg@version` makes). Hashes are still checked: the main module's
-        # against the import lock, every other against the main module's go.sum.
-        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
-        env.update(GOPROXY=f"file://{cache}/cache/download", GOSUMDB="off")
-    return env
 
 
 def resolve(fetch: Fetch, args: list[str]) -> Resolved:

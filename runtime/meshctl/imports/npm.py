@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
+from toolchains.packaged import npm_env
 
 from .core import Fetch, Resolved
 
 # The one package.json of the import's own folder: a private package that depends on the server.
 ROOT_NAME = "mesh-imported"
-
-
-def npm_env(cache: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        npm_config_cache=str(cache / "npm"),
-        npm_config_update_notifier="false",
-        npm_config_fund="false",
-        npm_config_audit="false",
-        npm_config_loglevel="error",
-    )
-    return env
 
 
 def resolve(fetch: Fetch, args: list[str]) -> Resolved:

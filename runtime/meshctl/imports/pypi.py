@@ -87,7 +87,7 @@ def resolve(fetch: Fetch, args: list[str]) -> Resolved:
     return Resolved(lock, {REQUIREMENTS: requirements.encode()}, _summary(top))
 
 
-def _dist_info(fetch: Fetch, wheel: zipfile.ZipFile, name: str) -> str | None:
+def _dist_info(wheel: zipfile.ZipFile, name: str) -> str | None:
     found = [
         n
         for n in wheel.namelist()
@@ -99,7 +99,7 @@ def _dist_info(fetch: Fetch, wheel: zipfile.ZipFile, name: str) -> str | None:
 def _console_script(fetch: Fetch, top: Path) -> tuple[str, str]:
     """(module, attribute) of the console script named like the package, or of the only one."""
     with zipfile.ZipFile(top) as wheel:
-        text = _dist_info(fetch, wheel, "entry_points.txt")
+        text = _dist_info(wheel, "entry_points.txt")
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep names' case
     parser.read_string(text or "")
@@ -123,7 +123,6 @@ def _console_script(fetch: Fetch, top: Path) -> tuple[str, str]:
 
 def _summary(top: Path) -> str:
     with zipfile.ZipFile(top) as wheel:
-        found = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
-        text = wheel.read(found[0]).decode("utf-8", "replace") if found else ""
+        text = _dist_info(wheel, "METADATA") or ""
     m = re.search(r"^Summary: (.*)$", text, re.M)
     return m.group(1).strip() if m else ""
