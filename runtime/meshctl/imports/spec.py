@@ -16,7 +16,7 @@ _VERSION_RE = re.compile(r"^v?[0-9][0-9A-Za-z.+-]{0,100}\Z")
 _SEPARATOR = {"npm": "@", "pypi": "==", "cargo": "@", "go": "@"}
 EXAMPLES = (
     "npm:@modelcontextprotocol/server-everything@2026.8.31, pypi:mcp-server-time==2026.10.19, "
-    "cargo:<crate>@<version>, go:github.com/modelcontextprotocol/go-sdk/examples/server/memory@v1.8.0"
+    "cargo:rust-mcp-filesystem@0.4.5, go:github.com/modelcontextprotocol/go-sdk/examples/server/memory@v1.8.0"
 )
 
 
