@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -236,3 +237,65 @@ def test_a_javascript_package_installed_by_hand_is_packed_without_esbuild(
     files = read_meta(build(module, tmp_path / "out")).files
     assert "node_modules/@modelcontextprotocol/server-everything/dist/index.js" in files
     assert "package-lock.json" in files and not any(p.startswith("node_modules/esbuild/") for p in files)
+
+
+def test_the_packed_everything_server_reports_progress_of_its_long_running_tool(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    # The unpacked artifact run as the node runs it (node, cwd = the bundle), asked with a
+    # progressToken as the node passes one when a bus caller wants progress.
+    from toolchains.artifact import verify_and_unpack
+
+    bundle = tmp_path / "bundle"
+    meta = verify_and_unpack(built[EVERYTHING][1], bundle)
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "trigger-long-running-operation",
+                "arguments": {"duration": 1, "steps": 3},
+                "_meta": {"progressToken": "p1"},
+            },
+        },
+    ]
+    child = subprocess.Popen(
+        [shutil.which("node") or "node", *meta.entry[1:]],
+        cwd=bundle,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    child.stdin.flush()
+    progress, result = [], None
+    watchdog = threading.Timer(30, child.kill)  # a child that never answers ends the loop, not the run
+    watchdog.start()
+    try:
+        for line in child.stdout:
+            msg = json.loads(line)
+            if msg.get("method") == "notifications/progress":
+                progress.append(msg["params"])
+            elif msg.get("id") == 2:
+                result = msg["result"]
+                break
+    finally:
+        watchdog.cancel()
+        child.kill()
+        child.wait()
+    assert result is not None and "completed" in result["content"][0]["text"].lower()
+    assert [p["progress"] for p in progress] == [1, 2, 3] and {p["progressToken"] for p in progress} == {"p1"}
