@@ -24,7 +24,15 @@ from manifests import LoadedModule, ManifestError, load_module
 from manifests.check import refuse_own_image
 from manifests.load import name_problem, shown, version_problem
 from manifests.model import KINDS, LANGUAGES, SEAT_NAME_RE
-from toolchains.artifact import ArtifactError, ArtifactLimits, is_sha256, platform_problem, read_meta, sha256_file, verify_and_unpack
+from toolchains.artifact import (
+    ArtifactError,
+    ArtifactLimits,
+    is_sha256,
+    platform_problem,
+    read_meta,
+    sha256_file,
+    verify_and_unpack,
+)
 
 from .placement import Placement
 from .steps import StepFailed
