@@ -13,12 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from runtime.client import MeshClient, ProgressFrame, tool_result
 from tests.support.mesh import MESHCTL, ROOT, call, client, status, wait_state
 from tests.test_delivery import wait_call
 from toolchains.artifact import read_meta
@@ -182,10 +182,15 @@ async def test_imported_servers_delivered_and_called_over_the_bus(
     # npm: the reference server's echo, and its long-running tool (steps with progress) to the end.
     code, result = await wait_call(nc, "mesh.tool.everything.echo", {"message": "hi mesh"}, lambda r: r[0] == 200)
     assert result["content"][0]["text"] == "Echo: hi mesh"
-    code, result = await call(
-        nc, "mesh.tool.everything.trigger-long-running-operation", {"duration": 1, "steps": 4}, timeout=20
+    # Asked with progress over the bus (the call protocol): the child's notifications/progress
+    # come back as progress frames, in order, then the result.
+    seen: list[ProgressFrame] = []
+    raw = await MeshClient(nc).call(
+        "mesh.tool.everything.trigger-long-running-operation", {"duration": 1, "steps": 4}, on_progress=seen.append
     )
-    assert code == 200 and "completed" in result["content"][0]["text"].lower(), result
+    result = tool_result(raw)
+    assert "completed" in result["content"][0]["text"].lower(), result
+    assert [f.progress for f in seen] == [1, 2, 3, 4] and {f.total for f in seen} == {4}
     # The secret reached this bundle's environment, from the node's secrets file only.
     code, result = await call(nc, "mesh.tool.everything.get-env", {})
     assert code == 200 and "tok-5ecret-value" in result["content"][0]["text"]
@@ -237,65 +242,3 @@ def test_a_javascript_package_installed_by_hand_is_packed_without_esbuild(
     files = read_meta(build(module, tmp_path / "out")).files
     assert "node_modules/@modelcontextprotocol/server-everything/dist/index.js" in files
     assert "package-lock.json" in files and not any(p.startswith("node_modules/esbuild/") for p in files)
-
-
-def test_the_packed_everything_server_reports_progress_of_its_long_running_tool(
-    built: dict[str, tuple[Path, Path]], tmp_path: Path
-) -> None:
-    # The unpacked artifact run as the node runs it (node, cwd = the bundle), asked with a
-    # progressToken as the node passes one when a bus caller wants progress.
-    from toolchains.artifact import verify_and_unpack
-
-    bundle = tmp_path / "bundle"
-    meta = verify_and_unpack(built[EVERYTHING][1], bundle)
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {
-                "name": "trigger-long-running-operation",
-                "arguments": {"duration": 1, "steps": 3},
-                "_meta": {"progressToken": "p1"},
-            },
-        },
-    ]
-    child = subprocess.Popen(
-        [shutil.which("node") or "node", *meta.entry[1:]],
-        cwd=bundle,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert child.stdin is not None and child.stdout is not None
-    child.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-    child.stdin.flush()
-    progress, result = [], None
-    watchdog = threading.Timer(30, child.kill)  # a child that never answers ends the loop, not the run
-    watchdog.start()
-    try:
-        for line in child.stdout:
-            msg = json.loads(line)
-            if msg.get("method") == "notifications/progress":
-                progress.append(msg["params"])
-            elif msg.get("id") == 2:
-                result = msg["result"]
-                break
-    finally:
-        watchdog.cancel()
-        child.kill()
-        child.wait()
-    assert result is not None and "completed" in result["content"][0]["text"].lower()
-    assert [p["progress"] for p in progress] == [1, 2, 3] and {p["progressToken"] for p in progress} == {"p1"}
