@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from runtime.client import MeshClient, ProgressFrame, tool_result
 from runtime.meshctl.cli import main as meshctl
 from tests.support.mesh import call, client, make_module, wait_state
 
@@ -32,6 +33,12 @@ async def test_a_child_of_each_era_is_served_side_by_side(tmp_path: Path, node_f
     assert result["structuredContent"]["io.modelcontextprotocol/clientInfo"]["name"] == "mesh-node"
     code, result = await call(nc, "mesh.tool.classic.meta", {})
     assert code == 200 and ENVELOPE_KEY not in result["structuredContent"]
+    # The node's own _meta (a progressToken here) and the envelope travel together in that era.
+    for module in ("classic", "modern"):
+        seen: list[ProgressFrame] = []
+        raw = await MeshClient(nc).call(f"mesh.tool.{module}.progress", {"steps": 3}, on_progress=seen.append)
+        assert [f.progress for f in seen] == [1, 2, 3], module
+        assert tool_result(raw)["isError"] is False
     await nc.close()
     assert await asyncio.to_thread(meshctl, ["node", "status", "--nats", node.bus_url(), "--name", node.name]) == 0
     shown = capsys.readouterr().out
