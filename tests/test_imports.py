@@ -7,6 +7,7 @@ Offline: scripts/setup-imports.sh fetched the packages of tests/data/imports.txt
 
 from __future__ import annotations
 
+import asyncio
 import filecmp
 import json
 import os
@@ -242,3 +243,38 @@ def test_a_javascript_package_installed_by_hand_is_packed_without_esbuild(
     files = read_meta(build(module, tmp_path / "out")).files
     assert "node_modules/@modelcontextprotocol/server-everything/dist/index.js" in files
     assert "package-lock.json" in files and not any(p.startswith("node_modules/esbuild/") for p in files)
+
+
+async def test_a_bundle_for_another_python_is_refused_by_the_node_naming_the_abi(
+    tmp_path: Path, node_factory, nats_server
+) -> None:
+    from tests.support.mesh import RAW_CHILD
+    from toolchains.artifact import ArtifactMeta, pack
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    shutil.copy(RAW_CHILD, stage / "raw_child.py")
+    manifest = 'name = "abi"\nversion = "1.0.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\nsource = "src"\nentry = ["python", "raw_child.py"]\n'
+    meta = ArtifactMeta(
+        module="abi", bundle="tools", version="1.0.0", kind="tools", language="python",
+        entry=["python", "raw_child.py"], manifest=manifest, python_abi="cp399",
+    )  # fmt: skip
+    artifact = pack(stage, meta, tmp_path / "out")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    node = node_factory(empty)
+    proc = subprocess.run(
+        [*MESHCTL, "bundle", "deliver", str(artifact), "--node", node.name, "--nats", nats_server.url],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    nc = await client(nats_server.url)
+    deadline = asyncio.get_running_loop().time() + 20
+    problems: list[str] = []
+    while asyncio.get_running_loop().time() < deadline:
+        problems = (await status(nc, node.name))["problems"]
+        if problems:
+            break
+        await asyncio.sleep(0.1)
+    await nc.close()
+    assert any("cp399" in p and f"cp{sys.version_info.major}{sys.version_info.minor}" in p for p in problems), problems
