@@ -278,3 +278,14 @@ async def test_a_bundle_for_another_python_is_refused_by_the_node_naming_the_abi
         await asyncio.sleep(0.1)
     await nc.close()
     assert any("cp399" in p and f"cp{sys.version_info.major}{sys.version_info.minor}" in p for p in problems), problems
+
+
+def test_no_version_takes_the_newest_and_writes_it_into_the_lock(tmp_path: Path) -> None:
+    # Offline, "the newest" is the newest the package cache holds: the setup's pins.
+    for spec in (TIME, GO_MEMORY):
+        bare = spec.split("==")[0] if "==" in spec else spec.rsplit("@", 1)[0]
+        out = tmp_path / NAMES[spec]
+        proc = meshctl("module", "import", bare, "--out", str(out))
+        assert f"module of {spec}" in proc.stdout
+        assert json.loads((out / "package" / "mesh-import.json").read_text())["spec"] == spec
+        assert f'ref = "{spec}"' in (out / "module.toml").read_text()
