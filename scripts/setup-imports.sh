@@ -6,7 +6,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-export MESH_PACKAGE_CACHE="${MESH_PACKAGE_CACHE:-$repo/.cache/packages}"
+export MESH_PACKAGE_CACHE="$repo/.cache/packages"  # where tests/test_imports.py looks
 meshctl=(.venv/bin/python -m runtime.meshctl)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
