@@ -67,6 +67,7 @@ async def test_secrets_reach_their_bundle_only_and_an_open_file_gives_none(tmp_p
     assert "API_KEY" not in plain["structuredContent"]
     assert "k-123-secret" not in node.log()
     await nc.close()
+    node.terminate()  # the next node alone serves `keyed` (one queue group on the shared bus)
     secrets.chmod(0o644)  # now every user could read it: refused, named, and no bundle gets it
     other = node_factory(tmp_path / "mods", config=f'secrets = "{secrets}"\n' + FAST_CONFIG)
     nc = await client(other.bus_url())
