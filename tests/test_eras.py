@@ -29,10 +29,11 @@ async def test_a_child_of_each_era_is_served_side_by_side(tmp_path: Path, node_f
         assert code == 200 and result["structuredContent"] == {"who": module}, result
     # The stateless child refuses any request without the envelope: this call went out with it.
     code, result = await call(nc, "mesh.tool.modern.meta", {})
-    assert code == 200 and result["structuredContent"][ENVELOPE_KEY] == "2026-07-28"
-    assert result["structuredContent"]["io.modelcontextprotocol/clientInfo"]["name"] == "mesh-node"
+    meta = result["structuredContent"]["_meta"]
+    assert code == 200 and meta[ENVELOPE_KEY] == "2026-07-28"
+    assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "mesh-node"
     code, result = await call(nc, "mesh.tool.classic.meta", {})
-    assert code == 200 and ENVELOPE_KEY not in result["structuredContent"]
+    assert code == 200 and ENVELOPE_KEY not in (result["structuredContent"]["_meta"] or {})
     # The node's own _meta (a progressToken here) and the envelope travel together in that era.
     for module in ("classic", "modern"):
         seen: list[ProgressFrame] = []
