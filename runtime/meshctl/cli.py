@@ -183,7 +183,9 @@ def cmd_node_status(args: argparse.Namespace) -> int:
     )
     # Tools and service bundles in one table: KIND says which, RUNS who supervises it (the node,
     # or systemd as a unit), LAST EXIT how its child last ended.
-    rows = [("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "MCP", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")]
+    rows = [
+        ("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "MCP", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")
+    ]
     for b in status["bundles"]:
         kind = b.get("kind", "tools")
         rows.append(
