@@ -227,7 +227,7 @@ def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
 def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
     from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env
 
-    cargo, host = TOOLCHAIN._tools()
+    cargo, host, _release = TOOLCHAIN._tools()
     binary = lock.entry[0].removeprefix("bin/")
     crate = next(f for f in lock.fetched if f.name == lock.package and f.version == lock.version)
     cached = [p for p in (cargo_home() / "registry" / "cache").glob(f"*/{crate.file}") if p.is_file()]

@@ -54,8 +54,8 @@ from runtime.units import (
 from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import BuildError, build_module, find_repo_root
-from toolchains.progress import BuildProgress
 from toolchains.packaged import offline
+from toolchains.progress import BuildProgress
 
 log = logging.getLogger("mesh.cli")
 T = TypeVar("T")
