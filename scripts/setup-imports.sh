@@ -14,11 +14,15 @@ n=0
 while read -r spec; do
   case "$spec" in ''|'#'*) continue ;; esac
   n=$((n + 1))
-  if "${meshctl[@]}" module import "$spec" --offline --out "$work/$n" >/dev/null 2>&1; then
+  # In the cache means: imported AND built with no network (npm ci needs tarballs the import's
+  # `npm install` may not have kept, e.g. a package's own dependencies resolved by packument).
+  if "${meshctl[@]}" module import "$spec" --offline --out "$work/$n" >/dev/null 2>&1 \
+    && MESH_OFFLINE=1 "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null 2>&1; then
     echo "setup-imports: $spec is in the cache"
   else
     echo "setup-imports: fetching $spec"
-    rm -rf "$work/$n"
+    rm -rf "$work/$n" "$work/out-$n"
     "${meshctl[@]}" module import "$spec" --out "$work/$n" >/dev/null
+    "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null  # fills what the build needs
   fi
 done < tests/data/imports.txt
