@@ -106,5 +106,17 @@ class EmbeddedAccounts:
                 self.generated.append(path)
             self.callers.append((c.account, c.user, password))
 
+    def summary(self) -> str:
+        """One log line: who the bus lets in and where each secret the node made is kept."""
+        callers = ", ".join(f"{account}/{user}" for account, user, _ in self.callers)
+        made = (
+            "caller passwords made in " + ", ".join(str(p) for p in self.generated)
+            if self.generated
+            else "every caller's password is in the config"
+        )
+        return (
+            f"embedded bus accounts: mesh (nodes, password in {self.mesh_password_file}) and callers {callers}; {made}"
+        )
+
     def server_config(self) -> str:
         return accounts_block([(self.mesh_user, self.mesh_password)], self.callers)

@@ -134,12 +134,7 @@ class Node:
             nats_cfg = msgspec.structs.replace(self.config.nats, url=embedded.url)
             if accounts is not None:
                 nats_cfg = msgspec.structs.replace(nats_cfg, user=accounts.mesh_user, password=accounts.mesh_password)
-                log.info(
-                    "embedded bus accounts: mesh (nodes, password in %s) and callers %s; caller passwords generated in %s",
-                    accounts.mesh_password_file,
-                    ", ".join(f"{a}/{u}" for a, u, _ in accounts.callers),
-                    ", ".join(str(p) for p in accounts.generated) or "none",
-                )
+                log.info("%s", accounts.summary())
             log.info(
                 "embedded NATS server (JetStream on) listening on %s, state in %s",
                 embedded.url,

@@ -57,6 +57,7 @@ def test_embedded_bus_call_status_tools_restart(embedded_node: NodeProcess) -> N
     assert "hello-python/tools" in r.stdout and "ready" in r.stdout and "seat echo: held by hello-python" in r.stdout
     r = meshctl("tools", state=state)
     assert "mesh.tool.hello-python.greet" in r.stdout and "mesh.seat.echo.say" in r.stdout
+    assert r.stdout.splitlines()[-1] == "2 tools on 1 node", r.stdout
     r = meshctl("node", "restart", "hello-python/tools", state=state)
     assert r.returncode == 0 and "restarting hello-python/tools" in r.stdout
     deadline = time.monotonic() + 30

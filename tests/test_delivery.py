@@ -99,6 +99,7 @@ async def test_deliver_upgrade_remove_redeliver(tmp_path: Path, node_factory, na
     # Remove: its subjects go, the other module serves on.
     r = meshctl("bundle", "remove", "store", "--node", node.name, url=nats_server.url)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"node {node.name}: removed store; delivered modules left on it: other", r.stdout
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if not any(b["module"] == "store" for b in (await status(nc, node.name))["bundles"]):

@@ -70,7 +70,15 @@ def default_cache_dir() -> Path:
 
 
 def find_repo_root(start: Path) -> Path | None:
-    """This project's checkout holding `start`, or None: the SDKs are referenced from there by path."""
+    """This project's checkout holding `start`, else the one this code runs from, else None.
+
+    The SDKs are referenced from there by path: a module copied out of the checkout (a `bundles`
+    folder of one's own) builds against the SDKs beside the runtime that builds it; None only
+    for a runtime installed without its checkout."""
+    return _checkout_holding(start) or _checkout_holding(Path(__file__).resolve().parent)
+
+
+def _checkout_holding(start: Path) -> Path | None:
     for folder in [start, *start.parents]:
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file() and (folder / "sdk").is_dir():

@@ -8,14 +8,19 @@ version give the same bytes.
 
 `go build` does not write into the source tree (`-mod=readonly` forbids even go.mod edits),
 so it runs in the source folder itself; a `replace` to the SDK by relative path
-(`../../../sdk/go`) then resolves inside this checkout as written.
+(`../../../sdk/go`) then resolves inside this checkout as written. A module copied out of the
+checkout (a `bundles` folder of one's own) keeps that line, which then points nowhere: the build
+is then given a Go workspace file (GOWORK, in a scratch folder, never in the source) whose
+`replace` points at this checkout's `sdk/go`, the same SDK the C and Rust builds take from it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
@@ -26,6 +31,9 @@ INSTALL_HINT = (
 )
 BUILD_TIMEOUT_S = 900  # a cold module download plus a cold build cache on a small machine
 OUTPUT_TAIL_LINES = 40
+SDK_MODULE = "mesh.local/sdk/go"
+_SDK_REPLACE = re.compile(r"^\s*replace\s+" + re.escape(SDK_MODULE) + r"(?:\s+\S+)?\s*=>\s*(\S+)\s*$", re.M)
+_GO_LINE = re.compile(r"^go\s+(\S+)\s*$", re.M)
 
 
 class GoToolchain:
@@ -59,8 +67,43 @@ class GoToolchain:
             ".",
         ]
         ctx.log(f"go: building bundle {ctx.bundle.name!r} -> {binary.relative_to(ctx.stage_dir)} (linux/{arch})")
-        _run(ctx, command, env)
+        with tempfile.TemporaryDirectory(prefix="mesh-gowork-") as scratch:
+            workspace = sdk_workspace(ctx, Path(scratch))
+            if workspace is not None:
+                ctx.log(f"go: {SDK_MODULE} is not beside this copy of the module; using {workspace[1]}")
+                env["GOWORK"] = str(workspace[0])
+            _run(ctx, command, env)
         return BuildOutput(os="linux", arch=arch)
+
+
+def sdk_workspace(ctx: BuildContext, scratch: Path) -> tuple[Path, Path] | None:
+    """A go.work in `scratch` pointing the SDK at this checkout's, when go.mod's relative replace misses.
+
+    None when the replace resolves as written (inside the checkout), when there is none, or when
+    it is absolute (the author's choice stands, and its error, if any, is go's own)."""
+    go_mod = (ctx.source_dir / "go.mod").read_text()
+    found = _SDK_REPLACE.search(go_mod)
+    if found is None or not found.group(1).startswith("."):
+        return None
+    if (ctx.source_dir / found.group(1) / "go.mod").is_file():
+        return None
+    sdk = (ctx.repo_root / "sdk" / "go").resolve() if ctx.repo_root else None
+    if sdk is None or not (sdk / "go.mod").is_file():
+        where = str(sdk) if sdk else "no project checkout was given (repo_root)"
+        raise BuildFailed(
+            "go",
+            ctx.bundle.name,
+            ["go", "build"],
+            f"go.mod replaces {SDK_MODULE} with {found.group(1)}, which is not there, and the mesh Go SDK "
+            f"is not found in this checkout either: {where}",
+        )
+    version = _GO_LINE.search(go_mod)
+    work = scratch / "go.work"
+    work.write_text(
+        f"go {version.group(1) if version else '1.25.0'}\n\nuse {ctx.source_dir.resolve()}\n\n"
+        f"replace {SDK_MODULE} => {sdk}\n"
+    )
+    return work, sdk
 
 
 def _entry_path(ctx: BuildContext) -> Path:

@@ -322,7 +322,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
         )
         return 0
     _table(rows + sorted(seen))
-    print(f"{len(seen)} tools on {len(infos)} nodes")
+    print(f"{len(seen)} tools on {len(infos)} node{'' if len(infos) == 1 else 's'}")
     return 0
 
 
@@ -402,7 +402,8 @@ def cmd_bundle_remove(args: argparse.Namespace) -> int:
         async with _bus(cfg) as nc:
             membership = await remove(nc, args.modules, node)
         print(
-            f"node {node}: removed {', '.join(args.modules)}; still a member of {', '.join(membership.modules) or 'nothing'}"
+            f"node {node}: removed {', '.join(args.modules)}; delivered modules left on it: "
+            f"{', '.join(membership.modules) or 'none'}"
         )
 
     anyio.run(run)

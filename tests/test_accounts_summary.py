@@ -1,0 +1,25 @@
+"""The embedded bus's accounts line says where the node made caller passwords, or that it made none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.accounts import EmbeddedAccounts
+from runtime.config import CallerAccount
+
+
+def test_summary_names_the_password_files_the_node_made(tmp_path: Path) -> None:
+    accounts = EmbeddedAccounts(
+        tmp_path, [CallerAccount(account="alice", user="alice", password="s"), CallerAccount(account="bob", user="bob")]
+    )
+    line = accounts.summary()
+    assert "callers alice/alice, bob/bob" in line
+    assert f"caller passwords made in {tmp_path / 'callers' / 'bob.password'}" in line
+
+
+def test_summary_with_every_password_in_the_config_does_not_say_none(tmp_path: Path) -> None:
+    accounts = EmbeddedAccounts(tmp_path, [CallerAccount(account="alice", user="alice", password="s")])
+    line = accounts.summary()
+    assert "in none" not in line
+    assert line.endswith("every caller's password is in the config")
+    assert str(tmp_path / "bus-mesh.password") in line
