@@ -158,7 +158,7 @@ async def import_seat(
     with anyio.move_on_after(ready_timeout_s):
         while not all(b.state == "ready" and b.pid != before[id(b)] for b in bundles):
             await anyio.sleep(0.05)
-    log.warning("seat %s: data moved in from %s (%s); bundles restarted on it", seat, home.how, home.data)
+    log.warning("seat %s: data taken in (%s, %s); bundles restarted on it", seat, home.how, home.data)
 
 
 def _unpack(packed: Path, into: Path) -> None:

@@ -233,6 +233,7 @@ async def test_seat_move_takes_the_data_with_the_seat(tmp_path: Path, nats_serve
         seat_a = await seat_of(nc, "a")
         assert seat_a["state"] == "elsewhere" and seat_a["holder"] == "b", seat_a
         assert list((b.state_dir / "data").glob("store.before-move-*")), "b's own folder is kept aside, not deleted"
+        assert "seat echo: data taken in (moved from a, " in b.log(), b.log()
         # A move needs its data's node running: asked of a dead one, it says so and what else to do.
         b.kill()
         refused = meshctl("seat", "move", "echo", "--to", "a", *url)

@@ -215,9 +215,11 @@ def _seat_line(s: dict[str, Any]) -> str:
     if s["state"] == "held":
         return f"seat {s['seat']}: held by {s['module']}"
     if s["state"] == "elsewhere":
-        return (
-            f"seat {s['seat']}: held by node {s.get('holder') or '?'}, not here (module {s['module']}): {s['reason']}"
-        )
+        holder = s.get("holder") or "?"
+        line = f"seat {s['seat']}: held by node {holder}, not here (module {s['module']})"
+        # The keeper's reason names the holder's module; shown only when it is not this one.
+        same = f"node {holder} holds seat {s['seat']} (module {s['module']})"
+        return line if s["reason"] in ("", same) else f"{line}: {s['reason']}"
     return f"seat {s['seat']}: {s['state']} for module {s['module']}" + (f": {s['reason']}" if s["reason"] else "")
 
 
