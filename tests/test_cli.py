@@ -85,6 +85,14 @@ def test_no_local_node_is_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot connect to NATS" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_is_no_time_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    """Before: 0 and -1 became a 1 ms deadline and a 504 from the node; now refused before any bus."""
+    r = meshctl("call", "tool.x.y", "{}", "--timeout", value, state=tmp_path / "nothing")
+    assert r.returncode == 2, r.stderr
+    assert "argument --timeout" in r.stderr and "e.g. 30 or 0.5" in r.stderr and value in r.stderr
+
+
 def test_a_reader_that_went_away_is_no_traceback(tmp_path: Path) -> None:
     """`meshctl ... | head` with the reader gone: exit 141 (as SIGPIPE would), nothing on stderr."""
     read_end, write_end = os.pipe()

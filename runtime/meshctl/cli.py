@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -478,6 +479,17 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 # --- the parser -----------------------------------------------------------------------------
+def seconds(text: str) -> float:
+    """An argparse type: a time in seconds above 0 (0 or less would be a deadline already past)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds; give e.g. 30 or 0.5") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} seconds: give a number above 0, e.g. 30 or 0.5")
+    return value
+
+
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
@@ -506,13 +518,13 @@ def parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true")
     status.add_argument("--name", help="the node (default: the local one)")
-    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument("--timeout", type=seconds, default=5.0)
     status.set_defaults(func=cmd_node_status)
 
     restart = node_verbs.add_parser("restart", help="restart a bundle (and bring back a failed one)", parents=[bus])
     restart.add_argument("bundle", help="module/bundle, or the module when it has one tools bundle")
     restart.add_argument("--name", help="the node (default: the local one)")
-    restart.add_argument("--timeout", type=float, default=5.0)
+    restart.add_argument("--timeout", type=seconds, default=5.0)
     restart.set_defaults(func=cmd_node_restart)
 
     unit = node_verbs.add_parser("unit", help="the node's own systemd unit (mesh-node.service)")
@@ -544,12 +556,12 @@ def parser() -> argparse.ArgumentParser:
     call.add_argument("target")
     call.add_argument("arguments", nargs="?", help="the arguments as a JSON object ('-' reads stdin)")
     call.add_argument("--json", action="store_true", help="print the CallToolResult as JSON")
-    call.add_argument("--timeout", type=float, default=60.0)
+    call.add_argument("--timeout", type=seconds, default=60.0)
     call.set_defaults(func=cmd_call)
 
     tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)", parents=[bus])
     tools.add_argument("--json", action="store_true")
-    tools.add_argument("--wait", type=float, default=0.5, help="how long to collect answers, seconds")
+    tools.add_argument("--wait", type=seconds, default=0.5, help="how long to collect answers, seconds")
     tools.set_defaults(func=cmd_tools)
 
     add_mcp_parser(verbs, bus)
@@ -615,7 +627,7 @@ def parser() -> argparse.ArgumentParser:
     seat_move.add_argument("seat")
     seat_move.add_argument("--to", required=True, metavar="NODE")
     seat_move.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds for the move and for NODE to take the seat"
+        "--timeout", type=seconds, default=60.0, help="seconds for the move and for NODE to take the seat"
     )
     seat_move.set_defaults(func=cmd_seat_move)
     smoke = verbs.add_parser(
@@ -624,7 +636,7 @@ def parser() -> argparse.ArgumentParser:
     smoke.add_argument(
         "--bundles", metavar="DIR", help="where the hello-* modules are (default: this checkout's bundles/)"
     )
-    smoke.add_argument("--timeout", type=float, default=180.0, help="seconds for every tool to answer")
+    smoke.add_argument("--timeout", type=seconds, default=180.0, help="seconds for every tool to answer")
     smoke.add_argument("--keep", action="store_true", help="keep the work folder (artifacts, node state and log)")
     smoke.set_defaults(func=cmd_smoke)
     return p
