@@ -556,7 +556,12 @@ def parser() -> argparse.ArgumentParser:
     call.add_argument("target")
     call.add_argument("arguments", nargs="?", help="the arguments as a JSON object ('-' reads stdin)")
     call.add_argument("--json", action="store_true", help="print the CallToolResult as JSON")
-    call.add_argument("--timeout", type=seconds, default=60.0)
+    call.add_argument(
+        "--timeout",
+        type=seconds,
+        default=60.0,
+        help="seconds the call may take, its deadline on the node too (default 60)",
+    )
     call.set_defaults(func=cmd_call)
 
     tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)", parents=[bus])
