@@ -67,6 +67,8 @@ def test_embedded_bus_call_status_tools_restart(embedded_node: NodeProcess) -> N
             break
         time.sleep(0.2)
     assert b["state"] == "ready" and b["restarts"] == 1, b
+    r = meshctl("node", "status", "--name", "ghost", state=state)
+    assert r.returncode == 1 and "mesh.node.ghost.status: no node of that name runs on this bus" in r.stderr
     r = meshctl("node", "restart", "no-such", state=state)
     assert r.returncode == 1 and "is not on this node" in r.stderr
     # Runtime errors reach the user as one line with the code.

@@ -1,7 +1,11 @@
-"""`meshctl node status`'s seat lines: each fact once."""
+"""`meshctl` output lines: a seat in `node status` names each fact once; a JetStream refusal is one line."""
 
 from __future__ import annotations
 
+import pytest
+from nats.js.errors import ServiceUnavailableError
+
+from runtime.meshctl import cli
 from runtime.meshctl.cli import _seat_line
 
 
@@ -17,3 +21,33 @@ def test_a_seat_held_elsewhere_names_the_holder_once() -> None:
 def test_a_holder_running_another_module_is_named() -> None:
     line = _seat_line(seat("node node-a holds seat memory (module memory-next)"))
     assert line.endswith("not here (module memory): node node-a holds seat memory (module memory-next)")
+
+
+def test_a_jetstream_refusal_is_one_line_naming_who_may(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a caller account (no JetStream): `seat list` and `bundle deliver` ended in a traceback."""
+
+    def refused(_args: object) -> int:
+        raise ServiceUnavailableError(code=503, err_code=10039, description="JetStream not enabled for account")
+
+    monkeypatch.setattr(cli, "cmd_seat_list", refused)
+    assert cli.main(["seat", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "JetStream not enabled for account" in err and "mesh account" in err and "bus-mesh.password" in err
+
+
+def test_no_node_answering_tools_says_why_it_may_be(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a caller account, `meshctl tools` printed "0 tools on 0 nodes" and nothing else."""
+
+    async def none(*_args: object) -> list[dict[str, object]]:
+        return []
+
+    monkeypatch.setattr(cli, "_infos", none)
+    assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "0 tools on 0 nodes"
+    assert "no node answered $SRV.INFO" in err and "not in the mesh account" in err

@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import APIError as JetStreamError
 
 from manifests import ManifestError, load_module
 from manifests.check import RUNTIME_IMAGES, check_path, third_party
@@ -62,6 +63,13 @@ log = logging.getLogger("mesh.cli")
 T = TypeVar("T")
 
 
+# Why a node's own subjects ($SRV.*, mesh.node.*) go unanswered, when the bus itself answers.
+NOBODY_HINT = (
+    "no node of that name runs on this bus, or this connection is not in the mesh account "
+    "(a caller account reaches the tool, seat, cancel and fetch subjects only)"
+)
+
+
 @contextlib.asynccontextmanager
 async def _bus(cfg: NatsConfig) -> AsyncIterator[Client]:
     """A connection for one command, closed when it is done; no bus is one line, not a traceback."""
@@ -80,7 +88,7 @@ async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -
         try:
             return await nc.request(subject, body, timeout=timeout)
         except NoRespondersError:
-            raise CliError(f"nobody on the bus serves {subject}", code=1) from None
+            raise CliError(f"nobody on the bus serves {subject}: {NOBODY_HINT}", code=1) from None
         except NatsTimeout:
             raise CliError(f"no answer on {subject} within {timeout:g} s", code=1) from None
 
@@ -326,6 +334,8 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return 0
     _table(rows + sorted(seen))
     print(f"{len(seen)} tools on {len(infos)} node{'' if len(infos) == 1 else 's'}")
+    if not infos:
+        print(f"meshctl: no node answered $SRV.INFO: {NOBODY_HINT}", file=sys.stderr)
     return 0
 
 
@@ -677,8 +687,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportFailed, SpecError, LockError) as e:
         print(f"meshctl: {e}", file=sys.stderr)
         return 1
+    except JetStreamError as e:
+        print(f"meshctl: {jetstream_refusal(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def jetstream_refusal(e: JetStreamError) -> str:
+    """A JetStream API error as one line: what the server said, and who may use the buckets."""
+    said = e.description or type(e).__name__
+    return (
+        f"the bus refused a JetStream request: {said} (code {e.code}, error {e.err_code}); the buckets "
+        "(delivery, seat leases and homes) are the mesh account's: run this as the node's user "
+        "(it finds bus-mesh.password beside bus.json) or with the mesh account's --user/--password or --creds"
+    )
 
 
 if __name__ == "__main__":
