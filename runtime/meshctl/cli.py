@@ -64,10 +64,7 @@ T = TypeVar("T")
 
 
 # Why a node's own subjects ($SRV.*, mesh.node.*) go unanswered, when the bus itself answers.
-NOBODY_HINT = (
-    "no node of that name runs on this bus, or this connection is not in the mesh account "
-    "(a caller account reaches the tool, seat, cancel and fetch subjects only)"
-)
+NOT_MESH_ACCOUNT = "this connection is not in the mesh account (a caller account reaches the tool, seat, cancel and fetch subjects only)"
 
 
 @contextlib.asynccontextmanager
@@ -88,7 +85,10 @@ async def _request(cfg: NatsConfig, subject: str, body: bytes, timeout: float) -
         try:
             return await nc.request(subject, body, timeout=timeout)
         except NoRespondersError:
-            raise CliError(f"nobody on the bus serves {subject}: {NOBODY_HINT}", code=1) from None
+            raise CliError(
+                f"nobody on the bus serves {subject}: no node of that name runs on this bus, or {NOT_MESH_ACCOUNT}",
+                code=1,
+            ) from None
         except NatsTimeout:
             raise CliError(f"no answer on {subject} within {timeout:g} s", code=1) from None
 
@@ -335,7 +335,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
     _table(rows + sorted(seen))
     print(f"{len(seen)} tools on {len(infos)} node{'' if len(infos) == 1 else 's'}")
     if not infos:
-        print(f"meshctl: no node answered $SRV.INFO: {NOBODY_HINT}", file=sys.stderr)
+        print(f"meshctl: no node answered $SRV.INFO: none runs on this bus, or {NOT_MESH_ACCOUNT}", file=sys.stderr)
     return 0
 
 
