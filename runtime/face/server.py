@@ -12,16 +12,14 @@ session, a `subscriptions/listen` event on the 2026-07-28 revision).
 
 from __future__ import annotations
 
-import json
 import logging
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
 import mcp_types as types
 import msgspec
-import pydantic
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
@@ -48,6 +46,8 @@ GONE_KEPT = 256  # service ids of nodes that said they are leaving, remembered s
 CALL_TIMEOUT_S = 600.0  # the face's own deadline on a call; each bundle's timeout_ms caps it lower
 
 _decode_event = msgspec.json.Decoder(ChangeEvent).decode
+_decode_result = msgspec.json.Decoder(dict[str, Any]).decode
+CANCEL_REASON = "the MCP client cancelled the call"
 
 
 class FaceServer(Server[Any]):
@@ -119,7 +119,9 @@ class Face:
             version="0.1.0",
             instructions="Every tool served on the mesh's NATS bus. Names: <module>_<tool>, a seat's verb <seat>_<verb>.",
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            # A handler may return the result as a dict (the SDK's runner dumps models and copies dicts);
+            # its annotation asks for the model only.
+            on_call_tool=cast(Any, self._call_tool),
             on_subscriptions_listen=ListenHandler(self.events, max_subscriptions=256, max_buffered_events=64),
         )
         # The SDK's OpenTelemetry middleware opens a span per message even with no exporter; the face
@@ -202,7 +204,7 @@ class Face:
     # --- calls ----------------------------------------------------------------------------
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> dict[str, Any] | types.CallToolResult:
         tool = self.catalog.by_name.get(params.name)
         if tool is None:
             known = ", ".join(t.name for t in self.catalog.tools[:20])
@@ -214,6 +216,10 @@ class Face:
                 "503: the face is not connected to the bus (it keeps reconnecting); try again in a moment, "
                 "or check the NATS server and `meshctl mcp --nats`"
             )
+        if not (params.meta or {}).get("progress_token"):
+            # The client asked for no progress: no forwarding task, no stream, no task group. The node is
+            # still asked for progress, so its keepalives tell the face when it died mid-call.
+            return await self._call_plain(tool, params.arguments)
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:
@@ -234,7 +240,7 @@ class Face:
                     params.arguments or {},
                     timeout_s=self.call_timeout_s,
                     on_progress=on_progress,
-                    cancel_reason="the MCP client cancelled the call",
+                    cancel_reason=CANCEL_REASON,
                 )
             except CallError as e:
                 return error_result(e)
@@ -242,15 +248,51 @@ class Face:
                 send.close()
         return _checked_result(tool, data)
 
+    async def _call_plain(
+        self, tool: FaceTool, arguments: dict[str, Any] | None
+    ) -> dict[str, Any] | types.CallToolResult:
+        try:
+            data = await self.client.call(
+                tool.subject,
+                arguments or {},
+                timeout_s=self.call_timeout_s,
+                on_progress=_no_progress,
+                cancel_reason=CANCEL_REASON,
+            )
+        except CallError as e:
+            return error_result(e)
+        return _checked_result(tool, data)
+
+
+def _no_progress(frame: ProgressFrame) -> None:
+    """Progress of a call whose client asked for none: dropped here (the node's keepalives still count)."""
+
 
 def _with_meta(tool: FaceTool) -> dict[str, Any]:
     meta = {"mesh/subject": tool.subject, "mesh/nodes": dict(zip(tool.nodes, tool.states))}
     return {**tool.definition, "_meta": meta}
 
 
-def _checked_result(tool: FaceTool, data: bytes) -> types.CallToolResult:
-    """The tool's CallToolResult as it wrote it; a malformed one is said as an error, not passed on."""
+def _checked_result(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallToolResult:
+    """The tool's CallToolResult as it wrote it; a malformed one is said as an error, not passed on.
+
+    Passed on as the decoded dict: the SDK validates a handler's result against the connection's
+    protocol version on the way out anyway, so a pydantic model here would be validated, dumped
+    and validated again. The check here is the shape (an object with a `content` list); a result
+    that passes it and still breaks the schema reaches the client as the SDK's INTERNAL_ERROR.
+    """
     try:
-        return types.CallToolResult.model_validate(json.loads(data))
-    except (ValueError, pydantic.ValidationError) as e:
-        return _refused(f"{tool.subject}: the tool answered with something that is not a CallToolResult ({e})"[:2000])
+        result = _decode_result(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        return _refused(f"{tool.subject}: the tool answered with something that is not JSON ({e})"[:2000])
+    content = result.get("content")
+    if not isinstance(content, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("type"), str) for c in content
+    ):
+        return _refused(
+            f"{tool.subject}: the tool answered with something that is not a CallToolResult (no content list)"
+        )
+    # The model's defaults, which clients read: `isError` said outright, `resultType` (the sieve keeps or drops it).
+    result.setdefault("isError", False)
+    result.setdefault("resultType", "complete")
+    return result

@@ -52,6 +52,15 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def event_loop_options() -> dict[str, bool]:
+    """uvloop when it is installed: the face is a hop on every call, and its loop's costs are per call."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -99,7 +108,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                 await face.client.close()
                 await nc.close()
 
-    return anyio.run(run)
+    return anyio.run(run, backend_options=event_loop_options())
 
 
 def _print_list(catalog: Catalog, as_json: bool) -> None:
