@@ -12,7 +12,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
-from typing import Iterator
+from typing import Iterator, cast
 
 import anyio
 import uvicorn
@@ -20,6 +20,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
 from .catalog import FaceError
+from .json_replies import JsonReplies, PerRequest
 from .server import Face
 
 log = logging.getLogger("mesh.face")
@@ -62,8 +63,11 @@ async def serve_stdio(face: Face) -> None:
 
 async def serve_http(face: Face, host: str, port: int, security: TransportSecuritySettings) -> None:
     """Streamable HTTP on http://host:port/mcp until cancelled; `security` from `http_security`."""
-    app = face.server.streamable_http_app(host=host, transport_security=security, max_sessions=MAX_HTTP_SESSIONS)
-    config = uvicorn.Config(app, host=host.strip("[]"), port=port, log_level="warning", lifespan="on")
+    # json_response is read with `if` per request: PerRequest is true for a tools/call with no progress token.
+    app = face.server.streamable_http_app(
+        host=host, transport_security=security, max_sessions=MAX_HTTP_SESSIONS, json_response=cast(bool, PerRequest())
+    )
+    config = uvicorn.Config(JsonReplies(app), host=host.strip("[]"), port=port, log_level="warning", lifespan="on")
     server = _Uvicorn(config)
     async with anyio.create_task_group() as tg:
         await tg.start(face.watch)
