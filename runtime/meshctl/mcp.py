@@ -7,6 +7,7 @@ then exits. Logs go to stderr: stdout belongs to the MCP client on stdio.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import signal
@@ -54,11 +55,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def event_loop_options() -> dict[str, bool]:
     """uvloop when it is installed: the face is a hop on every call, and its loop's costs are per call."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return {}
-    return {"use_uvloop": True}
+    return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
