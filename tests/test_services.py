@@ -220,7 +220,8 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
             timeout=30,
         )
         row = next(line.split() for line in r.stdout.splitlines() if line.startswith("hosted/daemon"))
-        assert row[1:7] == ["service", "python", "node", "running", str(daemon["pid"]), "0"], r.stdout
+        # KIND LANGUAGE RUNS STATE PID MCP RESTARTS: a service speaks no MCP, so its MCP column is "-".
+        assert row[1:8] == ["service", "python", "node", "running", str(daemon["pid"]), "-", "0"], r.stdout
         assert any(line.split()[:2] == ["hosted/tools", "tools"] for line in r.stdout.splitlines()), r.stdout
 
         # 3. SIGKILL: restarted by the node, the exit named.
