@@ -15,7 +15,7 @@ import nats
 import pytest
 
 from tests.support.mesh import MESHCTL, call, client, wait_state
-from tests.support.sdk import build_context, require
+from tests.support.sdk import build_context, facts_env, require
 from tests.support.stdio_client import StdioClient
 from toolchains.go import TOOLCHAIN
 
@@ -49,14 +49,7 @@ class Desk:
     """The handoff child over stdio; each call says who makes it, as the node would."""
 
     def __init__(self, stage: Path, data: Path, limits: dict[str, str]) -> None:
-        env = {
-            "MESH_NODE": "test-node",
-            "MESH_MODULE": "handoff",
-            "MESH_BUNDLE": "tools",
-            "MESH_BUNDLE_DIR": str(stage),
-            "MESH_DATA_DIR": str(data),
-            **limits,
-        }
+        env = facts_env("handoff", stage, data, **limits)
         self.client = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
         self.client.initialize()
 
@@ -261,14 +254,7 @@ def test_entries_survive_a_restart(make_desk: Callable[..., Desk]) -> None:
 
 
 def test_a_bad_limit_is_named(stage: Path, tmp_path: Path) -> None:
-    env = {
-        "MESH_NODE": "n",
-        "MESH_MODULE": "handoff",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage),
-        "MESH_DATA_DIR": str(tmp_path / "d"),
-        "HANDOFF_CLAIM_S": "ten minutes",
-    }
+    env = facts_env("handoff", stage, tmp_path / "d", node="n", HANDOFF_CLAIM_S="ten minutes")
     client = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
     assert client.proc.wait(10) == 2
     assert client.proc.stderr is not None

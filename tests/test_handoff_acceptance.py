@@ -35,7 +35,7 @@ import pytest
 from runtime.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer
 from tests.support.mesh import FAST_CONFIG, NodeProcess, client, wait_state
-from tests.support.sdk import build_context, require
+from tests.support.sdk import build_context, facts_env, require
 from tests.support.stdio_client import StdioClient
 from toolchains.go import TOOLCHAIN
 
@@ -212,13 +212,7 @@ def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def relay(stage: Path, tmp_path: Path) -> Iterator[Relay]:
-    env = {
-        "MESH_NODE": "test-node",
-        "MESH_MODULE": "handoff",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage),
-        "MESH_DATA_DIR": str(tmp_path / "data"),
-    }
+    env = facts_env("handoff", stage, tmp_path / "data")
     child = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
     child.initialize()
     yield Relay(child)

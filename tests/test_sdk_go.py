@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
-from tests.support.sdk import build_context, file_tree, require
+from tests.support.sdk import build_context, facts_env, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.go import TOOLCHAIN
@@ -44,13 +44,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 @pytest.fixture
 def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
     stage = built[0]
-    env = {
-        "MESH_NODE": "test-node",
-        "MESH_MODULE": "hello-go",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage),
-        "MESH_DATA_DIR": str(tmp_path / "data" / "hello-go"),
-    }
+    env = facts_env("hello-go", stage, tmp_path / "data" / "hello-go")
     client = StdioClient([str(stage / "bin" / "hello-go")], cwd=stage, env=env)
     yield client
     client.close()
@@ -67,13 +61,7 @@ def calls_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def contract(calls_stage: Path, tmp_path: Path) -> Iterator[Wire]:
-    env = {
-        "MESH_NODE": "test-node",
-        "MESH_MODULE": "go-calls",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(calls_stage),
-        "MESH_DATA_DIR": str(tmp_path / "data"),
-    }
+    env = facts_env("go-calls", calls_stage, tmp_path / "data")
     with serving([str(calls_stage / "bin" / "go-calls")], cwd=calls_stage, env=env) as wire:
         yield wire
 

@@ -21,6 +21,7 @@ import pytest
 from manifests import load_module
 from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, check_cancel, check_progress, serving
+from tests.support.sdk import facts_env
 from tests.support.stdio_client import StdioClient
 from toolchains.base import BuildContext, BuildFailed, BuildOutput
 from toolchains.python import TOOLCHAIN, VENDOR
@@ -37,14 +38,7 @@ import mesh_sdk  # noqa: E402
 
 
 def mesh_env(tmp_path: Path, bundle_dir: Path, **extra: str) -> dict[str, str]:
-    return {
-        "MESH_NODE": "node-a",
-        "MESH_MODULE": "hello-python",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(bundle_dir),
-        "MESH_DATA_DIR": str(tmp_path / "data" / "hello-python"),
-        **extra,
-    }
+    return facts_env("hello-python", bundle_dir, tmp_path / "data" / "hello-python", node="node-a", **extra)
 
 
 def from_source_env(tmp_path: Path, bundle_dir: Path) -> dict[str, str]:

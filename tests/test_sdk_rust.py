@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
-from tests.support.sdk import build_context, file_tree, require
+from tests.support.sdk import build_context, facts_env, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.rust import JOBS, TOOLCHAIN
@@ -48,13 +48,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 @pytest.fixture
 def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[StdioClient]:
     stage = built[0]
-    env = {
-        "MESH_NODE": "test-node",
-        "MESH_MODULE": "hello-rust",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage),
-        "MESH_DATA_DIR": str(tmp_path / "data" / "hello-rust"),
-    }
+    env = facts_env("hello-rust", stage, tmp_path / "data" / "hello-rust")
     client = StdioClient([str(stage / "bin" / "hello-rust")], cwd=stage, env=env)
     yield client
     client.close()

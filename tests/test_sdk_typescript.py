@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.bus_contract import check_progress_and_cancel_over_the_bus
 from tests.support.call_contract import CallContractTests, Wire, serving
-from tests.support.sdk import build_context, file_tree, require
+from tests.support.sdk import build_context, facts_env, file_tree, require
 from tests.support.stdio_client import PROTOCOL_VERSION, StdioClient
 from toolchains.base import BuildFailed, BuildOutput, ToolchainMissing
 from toolchains.typescript import TOOLCHAIN
@@ -55,13 +55,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildOutput, 
 
 
 def _env(stage: Path, data_dir: Path) -> dict[str, str]:
-    return {
-        "MESH_NODE": "test-node",
-        "MESH_MODULE": "hello-typescript",
-        "MESH_BUNDLE": "tools",
-        "MESH_BUNDLE_DIR": str(stage),
-        "MESH_DATA_DIR": str(data_dir),
-    }
+    return facts_env("hello-typescript", stage, data_dir)
 
 
 @pytest.fixture

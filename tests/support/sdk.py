@@ -43,3 +43,17 @@ def file_tree(root: Path) -> dict[str, tuple[bytes, int]]:
     return {
         str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()
     }
+
+
+def facts_env(
+    module: str, bundle_dir: Path, data_dir: Path, *, node: str = "test-node", **extra: str
+) -> dict[str, str]:
+    """The MESH_* facts the node gives a tools bundle's child, for a child a test starts by hand."""
+    return {
+        "MESH_NODE": node,
+        "MESH_MODULE": module,
+        "MESH_BUNDLE": "tools",
+        "MESH_BUNDLE_DIR": str(bundle_dir),
+        "MESH_DATA_DIR": str(data_dir),
+        **extra,
+    }
