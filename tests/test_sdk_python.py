@@ -6,6 +6,7 @@ short environment plus MESH_*, MCP as newline-delimited JSON-RPC on stdin/stdout
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import anyio
 import pytest
 
 from manifests import load_module
@@ -35,6 +37,7 @@ SOURCE = HELLO / "src"
 if str(SDK) not in sys.path:
     sys.path.insert(0, str(SDK))
 import mesh_sdk  # noqa: E402
+from mesh_sdk.stdio import OPENING_LEAD_LIMIT, PipeReader  # noqa: E402
 
 
 def mesh_env(tmp_path: Path, bundle_dir: Path, **extra: str) -> dict[str, str]:
@@ -276,6 +279,87 @@ def test_the_modern_era_is_answered_over_the_pipes(tmp_path: Path) -> None:
         assert reply["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "hello-python"
     finally:
         child.close()
+
+
+def _era_checks(child: RawChild) -> None:
+    """A modern connection: calls answered, a later `initialize` refused (the library's era rule)."""
+    params = {"name": "echo.say", "arguments": {"text": "m"}, "_meta": MODERN_META}
+    child.send({"jsonrpc": "2.0", "method": "notifications/initialized"})  # a frame before the opening request
+    child.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    child.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
+    replies = {r["id"]: r for r in (child.read(), child.read())}
+    assert [replies[i]["result"]["content"][0]["text"] for i in (1, 2)] == ["m", "m"]
+    child.send({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}})
+    assert child.read()["error"]["code"] == -32022  # UNSUPPORTED_PROTOCOL_VERSION, naming the served versions
+
+
+# mesh_sdk/eras.py serves the era's loop of the library directly when the library has it, and
+# falls back to the library's public Server.run when a release lacks those private loops.
+NO_PRIVATE_LOOPS = (  # as on a release without them: eras.DIRECT is False
+    "import mesh_sdk.eras as e; e.DIRECT = False; "
+    "import runpy, sys; sys.argv = ['main.py']; runpy.run_path('main.py', run_name='__main__')"
+)
+
+
+@pytest.mark.parametrize("path", ["direct", "public Server.run"])
+def test_each_era_is_decided_by_the_opening_request(tmp_path: Path, path: str) -> None:
+    argv = [sys.executable, "main.py"] if path == "direct" else [sys.executable, "-c", NO_PRIVATE_LOOPS]
+    probe = "import mesh_sdk.eras as e; print(e.DIRECT)"
+    direct = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(SDK)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"this mcp release offers the direct era loops: {direct}")
+    env = from_source_env(tmp_path, SOURCE)
+    child = RawChild(argv, SOURCE, env)
+    try:
+        _era_checks(child)
+    finally:
+        child.close()
+    child = RawChild(argv, SOURCE, env)
+    try:  # a handshake connection: served, and an enveloped request refused
+        assert child.initialize()["result"]["serverInfo"]["name"] == "hello-python"
+        child.call(1, "echo.say", {"text": "legacy"})
+        assert child.read()["result"]["content"] == [{"type": "text", "text": "legacy"}]
+        params = {"name": "echo.say", "arguments": {"text": "m"}, "_meta": MODERN_META}
+        child.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
+        assert child.read()["error"]["code"] == -32600  # INVALID_REQUEST: this connection is handshake-era
+    finally:
+        child.close()
+
+
+class _Reading(asyncio.ReadTransport):
+    def is_reading(self) -> bool:
+        return True
+
+
+def test_the_pipe_reader_replays_the_opening_request_and_what_came_before() -> None:
+
+    note = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+    lines: list[bytes | None] = [*[note] * (OPENING_LEAD_LIMIT + 2), b"not json"]
+    lines += [b'{"jsonrpc":"2.0","id":1,"method":"ping"}', b"", b'{"jsonrpc":"2.0","id":2,"method":"ping"}', None]
+
+    async def read_all() -> tuple[Any, list[Any]]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        for line in lines:
+            queue.put_nowait(line)
+        reader = PipeReader(queue, _Reading())
+        opening = await reader.opening()
+        got = []
+        with pytest.raises(anyio.EndOfStream):
+            while True:
+                got.append(await reader.receive())
+        return opening, got
+
+    opening, got = asyncio.run(read_all())
+    assert (opening.method, opening.id) == ("ping", 1)
+    # The first frames up to the limit, then the request; the bad line past the limit is dropped too.
+    kinds = [type(g.message).__name__ if not isinstance(g, Exception) else "error" for g in got]
+    assert kinds == ["JSONRPCNotification"] * OPENING_LEAD_LIMIT + ["JSONRPCRequest", "JSONRPCRequest"]
+    assert [g.message.id for g in got[-2:]] == [1, 2]
 
 
 def test_a_bad_line_is_dropped_and_a_print_misses_the_wire(tmp_path: Path) -> None:

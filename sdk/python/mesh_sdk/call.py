@@ -100,7 +100,9 @@ def caller(ctx: Context[Any, Any]) -> Caller | None:
     return parse_caller(_meta(ctx).get(CALLER_META_KEY))
 
 
-async def progress(ctx: Context[Any, Any], progress: float, total: float | None = None, message: str | None = None) -> None:
+async def progress(
+    ctx: Context[Any, Any], progress: float, total: float | None = None, message: str | None = None
+) -> None:
     """Send `notifications/progress` for this call; a no-op when the caller asked for none.
 
     From a plain `def` tool (a worker thread) call it as

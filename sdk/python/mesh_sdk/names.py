@@ -17,7 +17,7 @@ class ToolNameError(ValueError):
 def seat_verb(seat: str, verb: str) -> str:
     """The tool name implementing `verb` of `seat`: "seat.verb"."""
     if not _SEAT_RE.match(seat):
-        raise ToolNameError(f"seat {seat!r} is not a seat name: [a-z][a-z0-9-]{{0,62}}, e.g. \"memory\"")
+        raise ToolNameError(f'seat {seat!r} is not a seat name: [a-z][a-z0-9-]{{0,62}}, e.g. "memory"')
     if not _PART_RE.match(verb):
         raise ToolNameError(f"verb {verb!r} is not a verb: a letter, then letters, digits, _ or - (at most 64)")
     return f"{seat}.{verb}"

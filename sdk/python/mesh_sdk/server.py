@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from . import eras
 from .log import setup_logging
 from .names import check_tool_name, seat_verb
 from .stdio import stdio_transport, streams_supported
@@ -59,7 +60,7 @@ class Server:
             return fn
 
         if callable(name):
-            raise TypeError("use @server.tool() with parentheses, or @server.tool(\"name\")")
+            raise TypeError('use @server.tool() with parentheses, or @server.tool("name")')
         return register
 
     def seat_tool(self, seat: str, verb: str, **options: Any) -> Callable[[F], F]:
@@ -76,8 +77,9 @@ class Server:
             pass
 
     async def _serve_stdio(self) -> None:
-        # The library's session and dispatch over the SDK's event-loop stdio transport
-        # (stdio.py: the library's stdio_server costs a worker-thread round trip per line).
+        # The library's session and dispatch over the SDK's event-loop stdio transport (stdio.py:
+        # the library's stdio_server costs a worker-thread round trip per line), in the era's
+        # loop picked without a relay (eras.py).
         lowlevel = self.mcp._lowlevel_server
         _drop_idle_tracing(lowlevel.middleware)
         if not streams_supported():  # e.g. stdin or stdout redirected to a file: the library's threads can
@@ -87,7 +89,7 @@ class Server:
                 await lowlevel.run(read, write, lowlevel.create_initialization_options())
             return
         async with stdio_transport() as (read, write):
-            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+            await eras.serve(lowlevel, read, write)
 
 
 def _drop_idle_tracing(middleware: list[Any]) -> None:

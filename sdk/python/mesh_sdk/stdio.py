@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.shared._context_streams import ContextReceiveStream, ContextSendStream, create_context_streams
 from mcp.shared.message import SessionMessage
+from mcp_types import JSONRPCRequest
 
 # Longest line accepted from the node: beyond it the line is an error, not a buffer that grows.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -32,6 +32,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 READ_CHUNK_BYTES = 64 * 1024
 # Answers queued for the pipe before a writer waits for the node to read (asyncio's flow control).
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
+# Frames kept from before the first request (the library's server keeps as many).
+OPENING_LEAD_LIMIT = 8
 
 
 def _take_fd(fd: int, stand_in: int) -> int:
@@ -99,32 +101,110 @@ class _Drain(asyncio.Protocol):
         self.can_write.set()
 
 
-async def _read(
-    queue: asyncio.Queue[bytes | None], reading: asyncio.ReadTransport, sink: ContextSendStream[Any]
-) -> None:
-    async with sink:
-        while (line := await queue.get()) is not None:
-            if reading.is_reading() is False and queue.qsize() < 256:
-                reading.resume_reading()
+class PipeReader:
+    """The library's `ReadStream` of `SessionMessage`s, read straight off the stdin pipe.
+
+    `receive()` takes the next line the pipe protocol split off and parses it; no task and no
+    memory stream sits between the pipe and the library's loop (each such hop is a task
+    switch per message: docs/performance.md).
+    """
+
+    def __init__(self, queue: asyncio.Queue[bytes | None], reading: asyncio.ReadTransport) -> None:
+        self._queue = queue
+        self._reading = reading
+        self._closed = False
+        self._replay: deque[SessionMessage | Exception] = deque()
+
+    async def opening(self) -> JSONRPCRequest | None:
+        """The first request the node sends (None if stdin closes first), without consuming it.
+
+        It and up to OPENING_LEAD_LIMIT frames before it are replayed by `receive` in order;
+        the library's server decides the protocol era by this request, as its own
+        `serve_dual_era_loop` does, but without a relay task between the pipe and the loop.
+        """
+        lead: list[SessionMessage | Exception] = []
+        try:
+            while True:
+                item = await self.receive()
+                if isinstance(item, SessionMessage) and isinstance(item.message, JSONRPCRequest):
+                    lead.append(item)
+                    self._replay.extend(lead)
+                    return item.message
+                if len(lead) < OPENING_LEAD_LIMIT:
+                    lead.append(item)
+        except anyio.EndOfStream:
+            self._replay.extend(lead)
+            return None
+
+    async def receive(self) -> SessionMessage | Exception:
+        if self._replay:
+            return self._replay.popleft()
+        queue = self._queue
+        while True:
+            if self._closed:
+                raise anyio.EndOfStream
+            line = queue.get_nowait() if queue.qsize() else await queue.get()
+            if line is None:
+                self._closed = True
+                raise anyio.EndOfStream
+            if not self._reading.is_reading() and queue.qsize() < 256:
+                self._reading.resume_reading()
             if not line.strip():
                 continue
             try:
-                message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
             except Exception as exc:  # the library answers a bad line with a parse error
-                await sink.send(exc)
-                continue
-            await sink.send(SessionMessage(message))
+                return exc
+
+    def __aiter__(self) -> PipeReader:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> PipeReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
-async def _write(source: ContextReceiveStream[SessionMessage], pipe: asyncio.WriteTransport, drain: _Drain) -> None:
-    async with source:
-        async for session_message in source:
-            if drain.lost:
-                return  # the node closed our stdout: nothing more can be said
-            data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-            pipe.write(data.encode() + b"\n")
-            if not drain.can_write.is_set():
-                await drain.can_write.wait()
+class PipeWriter:
+    """The library's `WriteStream` of `SessionMessage`s, written straight to the stdout pipe.
+
+    `send()` serializes with the library's model and hands the bytes to the pipe transport;
+    it waits only while the pipe holds more than WRITE_HIGH_WATER_BYTES the node has not read.
+    """
+
+    def __init__(self, pipe: asyncio.WriteTransport, drain: _Drain) -> None:
+        self._pipe = pipe
+        self._drain = drain
+        self._closed = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._drain.lost:
+            raise anyio.BrokenResourceError  # the node closed our stdout: nothing more can be said
+        data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+        self._pipe.write(data.encode() + b"\n")
+        if not self._drain.can_write.is_set():
+            await self._drain.can_write.wait()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> PipeWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def _is_stream(fd: int) -> bool:
@@ -142,7 +222,7 @@ def streams_supported() -> bool:
 
 
 @asynccontextmanager
-async def stdio_transport() -> AsyncIterator[tuple[ContextReceiveStream[Any], ContextSendStream[SessionMessage]]]:
+async def stdio_transport() -> AsyncIterator[tuple[PipeReader, PipeWriter]]:
     """The (read, write) streams of `SessionMessage` over this process's stdin and stdout."""
     loop = asyncio.get_running_loop()
     null_in = os.open(os.devnull, os.O_RDONLY)
@@ -154,14 +234,8 @@ async def stdio_transport() -> AsyncIterator[tuple[ContextReceiveStream[Any], Co
     drain = _Drain()
     writing, _ = await loop.connect_write_pipe(lambda: drain, os.fdopen(wire_out, "wb", buffering=0))
     writing.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
-    to_session, from_pipe = create_context_streams[SessionMessage | Exception](0)
-    to_pipe, from_session = create_context_streams[SessionMessage](0)
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_read, queue, reading, to_session)
-            tg.start_soon(_write, from_session, writing, drain)
-            yield from_pipe, to_pipe
-            tg.cancel_scope.cancel()
+        yield PipeReader(queue, reading), PipeWriter(writing, drain)
     finally:
         reading.close()
         writing.close()
