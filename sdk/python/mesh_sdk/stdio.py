@@ -3,10 +3,12 @@
 The library's own `stdio_server` wraps stdin and stdout in anyio's thread-backed files, so
 every line read and every answer written and flushed is a hand-over to a worker thread and
 back: about 16 thread round trips per `tools/call`, most of a call's CPU (docs/performance.md,
-"The Python SDK child"). This transport hands the library the same two streams of
-`SessionMessage` (its transport interface, as its HTTP transports do) but reads and writes the
-pipes with asyncio's non-blocking pipe transports. Parsing and serializing stay the library's
-(`jsonrpc_message_adapter`, `model_dump_json`), so the protocol is unchanged.
+"The Python SDK child"). Here the pipes are read and written with asyncio's non-blocking pipe
+transports, and offered to the library as its own stream interface (`ReadStream` and
+`WriteStream` of `SessionMessage`): `PipeReader.receive()` parses the next line with the
+library's message adapter, `PipeWriter.send()` writes one line; no task or memory stream sits
+between the pipe and whoever reads or writes it. `dispatcher.PipeDispatcher` reads the same
+reader and writes already-serialized answers with `send_bytes`.
 
 As the library does, fd 0 and fd 1 are moved out of the way while serving (fd 0 reads
 /dev/null, fd 1 writes to stderr), so a stray `print` in a tool cannot corrupt the protocol.
@@ -188,12 +190,15 @@ class PipeWriter:
         self._closed = False
 
     async def send(self, item: SessionMessage, /) -> None:
+        await self.send_bytes(item.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
+
+    async def send_bytes(self, data: bytes) -> None:
+        """Write one message already in JSON (a line of its own)."""
         if self._closed:
             raise anyio.ClosedResourceError
         if self._drain.lost:
             raise anyio.BrokenResourceError  # the node closed our stdout: nothing more can be said
-        data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-        self._pipe.write(data.encode() + b"\n")
+        self._pipe.write(data + b"\n")
         if not self._drain.can_write.is_set():
             await self._drain.can_write.wait()
 
