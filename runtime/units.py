@@ -152,6 +152,21 @@ _HARDENING: list[tuple[str, str | None]] = [
 
 
 # --- the node's own unit ------------------------------------------------------------------
+_PRIVATE_TMPS = (Path("/tmp"), Path("/var/tmp"))
+
+
+def _outside_private_tmp(option: str, path: Path) -> None:
+    """Refuse a folder the unit could not see: with PrivateTmp=true the node gets a /tmp and a
+    /var/tmp of its own, empty at every start (and systemd-tmpfiles empties the real ones)."""
+    for tmp in _PRIVATE_TMPS:
+        if path == tmp or tmp in path.parents:
+            raise UnitError(
+                f"{option} {path} is under {tmp}: the unit runs with PrivateTmp=true, so the node "
+                f"would see an empty {tmp} of its own at every start; choose a folder outside {tmp} "
+                "(for the state, /var/lib/mesh-node is usual)"
+            )
+
+
 def node_unit(
     *,
     meshctl: str,
@@ -165,6 +180,10 @@ def node_unit(
     if not os.path.isabs(meshctl):
         raise UnitError(f"meshctl must be an absolute path for ExecStart, not {meshctl!r}")
     state = Path(os.path.abspath(state_dir))
+    _outside_private_tmp("--state-dir", state)
+    for option, path in (("--config", config), ("--manifests", manifests)):
+        if path:
+            _outside_private_tmp(option, Path(os.path.abspath(path)))
     argv = [meshctl, "node", "run"]
     if config:
         argv += ["--config", os.path.abspath(config)]

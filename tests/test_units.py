@@ -10,7 +10,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -135,8 +137,7 @@ def test_path_value_takes_the_path_as_is_with_percent_doubled() -> None:
 
 # --- the node's unit ----------------------------------------------------------------------
 def test_node_unit_runs_meshctl_node_run_and_lets_the_node_drain(tmp_path: Path) -> None:
-    config = tmp_path / "node.toml"
-    config.write_text('name = "node-a"\n')
+    config = Path("/etc/mesh/node.toml")  # only written into the unit, never read
     text = node_unit(meshctl=str(MESHCTL), config=str(config), name="node-a", state_dir="/var/lib/mesh-node", user=None)
     s = dict(settings(text))
     assert s["ExecStart"] == f"{MESHCTL} node run --config {config} --name node-a --state-dir /var/lib/mesh-node"
@@ -156,8 +157,8 @@ def test_node_unit_runs_meshctl_node_run_and_lets_the_node_drain(tmp_path: Path)
     verify(unit)
 
 
-def test_node_unit_outside_var_lib_names_the_folder_and_the_user(tmp_path: Path) -> None:
-    state = tmp_path / "state dir"
+def test_node_unit_outside_var_lib_names_the_folder_and_the_user() -> None:
+    state = Path("/srv/mesh/state dir")  # only written into the unit, never made
     text = node_unit(meshctl=str(MESHCTL), config=None, name=None, state_dir=str(state), user="mesh")
     s = dict(settings(text))
     assert s["ExecStart"] == f'{MESHCTL} node run --state-dir "{state}"'
@@ -167,6 +168,22 @@ def test_node_unit_outside_var_lib_names_the_folder_and_the_user(tmp_path: Path)
         node_unit(meshctl="meshctl", config=None, name=None, state_dir=str(state), user=None)
     with pytest.raises(UnitError, match="User="):
         node_unit(meshctl=str(MESHCTL), config=None, name=None, state_dir=str(state), user="no such user")
+
+
+@pytest.mark.parametrize(
+    "option, where",
+    [
+        ("--state-dir", "/tmp/mesh-state"),
+        ("--state-dir", "/var/tmp/m"),
+        ("--config", "/tmp/n.toml"),
+        ("--manifests", "/tmp"),
+    ],
+)
+def test_node_unit_refuses_a_folder_its_private_tmp_would_hide(option: str, where: str) -> None:
+    args: dict[str, str | None] = {"config": None, "manifests": None, "state_dir": "/var/lib/mesh-node"}
+    args[{"--state-dir": "state_dir", "--config": "config", "--manifests": "manifests"}[option]] = where
+    with pytest.raises(UnitError, match=f"^{option} {where} is under /.*PrivateTmp=true.*choose a folder outside"):
+        node_unit(meshctl=str(MESHCTL), name=None, user=None, **args)  # type: ignore[arg-type]
 
 
 # --- service bundles ----------------------------------------------------------------------
@@ -280,11 +297,25 @@ def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
     verify(node, *paths)
 
 
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A scratch folder outside /tmp (the node's unit refuses folders its PrivateTmp would hide)."""
+    (REPO / ".cache").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="units-", dir=REPO / ".cache"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_meshctl_node_units_writes_the_units_of_a_manifests_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    outside_tmp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from runtime.meshctl.cli import main
 
+    assert (
+        main(["node", "unit", "--manifests", str(tmp_path), "--state-dir", "/var/lib/m", "--out", str(tmp_path)]) == 1
+    )
+    assert "is under /tmp: the unit runs with PrivateTmp=true" in capsys.readouterr().err
+    tmp_path = outside_tmp
     manifests = tmp_path / "modules"
     service_module(manifests)
     out, state = tmp_path / "units", tmp_path / "state"
