@@ -121,28 +121,21 @@ class Dispatcher:
     def max_payload(self) -> int:
         return self.nc.max_payload or 1024 * 1024
 
-    def deadline(self, msg: Msg, arrived: float, bundle: BundleRunner, call: OpenCall | None = None) -> float:
+    def limits(self, arrived: float, bundle: BundleRunner, call: OpenCall | None = None) -> tuple[float, int]:
         """When the caller stops waiting (loop clock), set once from the request's arrival for the start,
-        the slot and the child together: the bundle's timeout, or the caller's shorter Mesh-Timeout-Ms."""
+        the slot and the child together, and the timeout a 504 names: the bundle's timeout, or the
+        caller's shorter Mesh-Timeout-Ms."""
         cap = bundle.spec.timeout_ms
-        return arrived + (cap if call is None else call.options.timeout_for(cap)) / 1000
+        timeout_ms = cap if call is None else call.options.timeout_for(cap)
+        return arrived + timeout_ms / 1000, timeout_ms
 
     def _begin(self, route: Route, msg: Msg, arrived: float, call: OpenCall | None = None) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
         try:
-            if call is None:
-                return route.bundle.begin(
-                    route.tool_json,
-                    self._checked(route, msg.data),
-                    self.deadline(msg, arrived, route.bundle),
-                    self._caller_meta(msg),
-                )
-            timeout_ms = call.options.timeout_for(route.bundle.spec.timeout_ms)
             data = self._checked(route, msg.data)
-            meta = call_meta(self._caller_meta(msg), call)
-            return route.bundle.begin(
-                route.tool_json, data, self.deadline(msg, arrived, route.bundle, call), meta, timeout_ms
-            )
+            meta = self._caller_meta(msg) if call is None else call_meta(self._caller_meta(msg), call)
+            deadline, timeout_ms = self.limits(arrived, route.bundle, call)
+            return route.bundle.begin(route.tool_json, data, deadline, meta, timeout_ms)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
 
@@ -155,28 +148,27 @@ class Dispatcher:
         """
         if route is None:
             for bundle in self.table.starting(msg.subject):
-                await bundle.settle(self.deadline(msg, arrived, bundle, call))
+                deadline, timeout_ms = self.limits(arrived, bundle, call)
+                await bundle.settle(deadline)
                 if bundle.state in STARTING_STATES:  # settle returned at the deadline: still starting
-                    timeout_ms = call.options.timeout_for(bundle.spec.timeout_ms) if call else 0
-                    whose = "caller" if 0 < timeout_ms < bundle.spec.timeout_ms else "bundle"
-                    raise TimedOut(msg.subject, bundle.start_timed_out(msg.subject, timeout_ms), whose)
+                    late = bundle.start_timed_out(msg.subject, timeout_ms)
+                    raise TimedOut(msg.subject, late, _whose(late, bundle))
             route = self.table.resolve(msg.subject)
-        data, meta, timeout_ms = msg.data, self._caller_meta(msg), route.bundle.spec.timeout_ms
+        data, meta = msg.data, self._caller_meta(msg)
         if call is not None:
-            meta, timeout_ms = call_meta(meta, call), call.options.timeout_for(timeout_ms)
+            meta = call_meta(meta, call)
             if call.options.request_object is not None and self.desk is not None:
                 data = await self.desk.objects.take(route.subject, call.options.request_object)
         data = self._checked(route, data)
+        deadline, timeout_ms = self.limits(arrived, route.bundle, call)
         try:
-            return route, await route.bundle.begin_when_ready(
-                route.tool_json, data, self.deadline(msg, arrived, route.bundle, call), meta, timeout_ms
-            )
+            return route, await route.bundle.begin_when_ready(route.tool_json, data, deadline, meta, timeout_ms)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except BundleOverloaded as e:
             raise Overloaded(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
-            raise TimedOut(route.tool, e, _whose(route, call)) from None
+            raise TimedOut(route.tool, e, _whose(e, route.bundle)) from None
 
     async def _run(
         self, msg: Msg, route: Route | None, pending: Pending | None, arrived: float, call: OpenCall
@@ -184,16 +176,16 @@ class Dispatcher:
         """A call with options from where `start` left it to the child's answer."""
         if pending is None or route is None:
             route, pending = await self._begin_late(msg, route, arrived, call)
-        return route, await self._finish(route, pending, call)
+        return route, await self._finish(route, pending)
 
-    async def _finish(self, route: Route, pending: Pending, call: OpenCall | None = None) -> bytes:
+    async def _finish(self, route: Route, pending: Pending) -> bytes:
         """The child's answer to a call written, as the reply's bytes."""
         try:
             result = await route.bundle.finish(pending)
         except BundleUnavailable as e:
             raise Unavailable(route.tool, route.module, e, self.node) from None
         except CallTimedOut as e:
-            raise TimedOut(route.tool, e, _whose(route, call)) from None
+            raise TimedOut(route.tool, e, _whose(e, route.bundle)) from None
         except ChildError as e:
             raise _child_error(route.subject, e) from None
         return bytes(result)
@@ -336,10 +328,9 @@ class Dispatcher:
             await self._idle.wait()
 
 
-def _whose(route: Route, call: OpenCall | None) -> str:
-    """Whose deadline a timed-out call ran into: the caller's (Mesh-Timeout-Ms) or the bundle's."""
-    cap = route.bundle.spec.timeout_ms
-    return "caller" if call is not None and call.options.timeout_for(cap) < cap else "bundle"
+def _whose(late: CallTimedOut, bundle: BundleRunner) -> str:
+    """Whose deadline a timed-out call ran into: the caller's (a shorter Mesh-Timeout-Ms) or the bundle's."""
+    return "caller" if late.timeout_ms < bundle.spec.timeout_ms else "bundle"
 
 
 def _child_error(subject: str, e: ChildError) -> NodeError:
