@@ -33,6 +33,7 @@ from toolchains.artifact import (
     sha256_file,
     verify_and_unpack,
 )
+from toolchains.bytecode import compile_bytecode
 
 from .placement import Placement
 from .steps import StepFailed
@@ -337,6 +338,9 @@ class Reconciler:
             verified = dest.with_name(dest.name + ".verified")
             if not (dest.is_dir() and verified.is_file()):
                 meta = await anyio.to_thread.run_sync(verify_and_unpack, cache, dest, self.limits)
+                if meta.language == "python":  # once here, not at every start of its children
+                    # A stop does not wait for it: without `.verified` the folder is unpacked again next time.
+                    await anyio.to_thread.run_sync(compile_bytecode, dest, abandon_on_cancel=True)
                 verified.write_text(bref.sha256)
             dirs[bundle] = dest
             build_env[bundle] = dict(meta.env)

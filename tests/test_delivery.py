@@ -7,6 +7,7 @@ import gzip
 import io
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -76,6 +77,10 @@ async def test_deliver_upgrade_remove_redeliver(tmp_path: Path, node_factory, na
     )
     code, _ = await call(nc, "mesh.tool.store.remember", {"key": "a", "value": 1})
     assert code == 200
+    # Its bytecode was compiled once by the node (hash-based, unchecked): its children need not.
+    (unpacked,) = [d for d in (node.state_dir / "bundles" / "store" / "1.0.0").glob("tools-*") if d.is_dir()]
+    pyc = unpacked / "__pycache__" / f"raw_child.{sys.implementation.cache_tag}.pyc"
+    assert pyc.is_file() and int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b01
     code, r_seat = await call(nc, "mesh.seat.kv.nope", {})
     assert code == 404  # the seat is held: its subject is served
     other_pid = (await wait_state(nc, node.name, "other/tools", "ready"))["pid"]
