@@ -7,10 +7,18 @@ MESH_TOOLCHAIN_CACHE, or the default, as they are):
   bundle `ready` (each bundle's time to ready is printed too); run it twice (--nodes 2) to see a
   first state folder against a second one on the same machine;
 - renamed: a renamed copy of hello-rust (another module name, the same Cargo.lock) built;
-- one-line: a one-line change to that copy's source, rebuilt.
+- one-line: a one-line change to that copy's source, rebuilt; then a node serving that copy
+  alone is started, the line changed again and the node started again: rebuilt and serving.
+
+--cold gives each series a fresh toolchain cache folder and a fresh Go build cache (GOCACHE)
+under the scratch: a fresh clone on a fresh machine after scripts/setup.sh, whose fetches
+(cargo's registry, Go's module cache, npm's cache) are kept as setup leaves them. --before REF
+runs the same series first on a checkout of REF (a git worktree in the scratch), so each figure
+has its before beside it from the same run. One series at a time: two cold builds at once on two
+cores would measure each other.
 
 It prints the figures and the load average; it asserts nothing (the figures are for
-docs/performance.md). Scratch: bench/.work/builds (state folders, the copy).
+docs/performance.md). Scratch: bench/.work/builds (state folders, caches, the copy, REF).
 """
 
 from __future__ import annotations
@@ -18,77 +26,167 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from manifests import load_module
-from toolchains.build import stage_bundle
 
 from .modules import hello_copy
 from .procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work" / "builds"
-MESHCTL = [sys.executable, "-m", "runtime.meshctl"]
+_BUILT = re.compile(r"bundle (\S+): built from source in ([\d.]+) s")
 
 
-def _status(url: str, name: str) -> dict | None:
-    proc = subprocess.run(
-        [*MESHCTL, "node", "status", "--nats", url, "--name", name, "--json", "--timeout", "2"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+@dataclass
+class Series:
+    """One checkout measured: its own code, its own caches when cold."""
+
+    label: str
+    root: Path  # the checkout whose runtime, toolchains and bundles are measured
+    env: dict[str, str]
+    figures: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        self.figures.append(line)
+        print(f"[{self.label}] {line}", flush=True)
+
+    def meshctl(self) -> list[str]:
+        return [sys.executable, "-m", "runtime.meshctl"]
+
+
+def _status(series: Series, url: str, name: str) -> dict | None:
+    argv = [*series.meshctl(), "node", "status", "--nats", url, "--name", name, "--json", "--timeout", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=series.root, env=series.env)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
-def node_run(state: Path, timeout: float) -> tuple[float, dict[str, float], list[str]]:
-    """A node on `manifests`: seconds to every bundle ready, each bundle's, and any failures."""
+def node_run(
+    series: Series, state: Path, manifests: Path, timeout: float
+) -> tuple[float, dict[str, float], dict[str, float], list[str]]:
+    """A node on `manifests`: seconds to every bundle ready, each bundle's, each build's, failures."""
     port = free_port()
     name = f"builds-{state.name}"
     url = f"nats://127.0.0.1:{port}"
-    argv = [*MESHCTL, "node", "run", "--manifests", str(ROOT / "bundles"), "--state-dir", str(state)]
+    argv = [*series.meshctl(), "node", "run", "--manifests", str(manifests), "--state-dir", str(state)]
     argv += ["--name", name, "--embedded-port", str(port)]
     started = time.monotonic()
-    log = open(state.parent / f"{state.name}.log", "wb")
-    node = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    log_path = state.parent / f"{state.name}.log"
     ready: dict[str, float] = {}
     failed: list[str] = []
-    try:
-        while time.monotonic() - started < timeout:
-            status = _status(url, name)
-            now = time.monotonic() - started
-            if status is not None and status["bundles"]:
-                for b in status["bundles"]:
-                    key = f"{b['module']}/{b['bundle']}"
-                    if b["state"] == "ready":
-                        ready.setdefault(key, now)
-                    elif b["state"] == "failed" and key not in failed:
-                        failed.append(f"{key}: {b['last_error']}")
-                if len(ready) + len(failed) == len(status["bundles"]):
-                    return now, ready, failed
-            time.sleep(0.5)
-        return float("nan"), ready, [*failed, f"not all ready after {timeout:.0f} s"]
-    finally:
-        node.terminate()
+    took = float("nan")
+    with open(log_path, "ab") as log:
+        node = subprocess.Popen(argv, cwd=series.root, env=series.env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            node.wait(30)
-        except subprocess.TimeoutExpired:
-            node.kill()
-        log.close()
+            while time.monotonic() - started < timeout:
+                status = _status(series, url, name)
+                now = time.monotonic() - started
+                if status is not None and status["bundles"]:
+                    for b in status["bundles"]:
+                        key = f"{b['module']}/{b['bundle']}"
+                        if b["state"] in ("ready", "running"):  # a service is `running` once started
+                            ready.setdefault(key, now)
+                        elif b["state"] == "failed" and key not in failed:
+                            failed.append(f"{key}: {b['last_error']}")
+                    if len(ready) + len(failed) == len(status["bundles"]):
+                        took = now
+                        break
+                time.sleep(0.5)
+            else:
+                failed.append(f"not all ready after {timeout:.0f} s")
+        finally:
+            node.terminate()
+            try:
+                node.wait(30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+    built = {m[1]: float(m[2]) for m in _BUILT.finditer(log_path.read_text(errors="replace"))}
+    return took, ready, built, failed
 
 
-def _build(module: Path) -> float:
-    loaded = load_module(module)
+def _nodes(series: Series, work: Path, count: int, timeout: float) -> None:
+    for n in range(count):
+        state = work / f"state-{n + 1}"
+        took, ready, built, failed = node_run(series, state, series.root / "bundles", timeout)
+        series.say(f"node on fresh state folder {n + 1}: every bundle ready after {took:.1f} s")
+        shown = sorted(ready.items(), key=lambda kv: -kv[1])
+        series.say(
+            "  ready: "
+            + ", ".join(f"{k} {v:.1f} s" + (f" (build {built[k]:.1f} s)" if k in built else "") for k, v in shown)
+        )
+        for problem in failed:
+            series.say(f"  not ready: {problem}")
+
+
+def _build(series: Series, module: Path) -> float:
+    """Every bundle of `module` staged by the series' own toolchains, in a process of its own."""
+    code = (
+        "import sys, tempfile, time\nfrom pathlib import Path\nfrom manifests import load_module\n"
+        "from toolchains.build import stage_bundle\nloaded = load_module(Path(sys.argv[1]))\n"
+        "for bundle in loaded.module.bundle:\n"
+        "    with tempfile.TemporaryDirectory() as stage:\n"
+        "        stage_bundle(loaded, bundle, Path(stage), progress=lambda _: None)\n"
+    )
     started = time.monotonic()
-    for bundle in loaded.module.bundle:
-        with tempfile.TemporaryDirectory() as stage:
-            stage_bundle(loaded, bundle, Path(stage), progress=lambda _: None)
+    subprocess.run([sys.executable, "-c", code, str(module)], cwd=series.root, env=series.env, check=True)
     return time.monotonic() - started
+
+
+def _rust(series: Series, work: Path, timeout: float) -> None:
+    copies = work / "copies"
+    copy = hello_copy(copies, "rust", "hello-rust-renamed")
+    # The copy is made from this checkout's hello-rust; point its SDK at the series' own.
+    cargo_toml = copies / copy.module / "src" / "Cargo.toml"
+    sdk = os.path.relpath(series.root / "sdk" / "rust", cargo_toml.parent)
+    cargo_toml.write_text(re.sub(r'path = "[^"]*sdk/rust"', f'path = "{sdk}"', cargo_toml.read_text()))
+    shutil.copyfile(series.root / "bundles" / "hello-rust" / "src" / "Cargo.lock", cargo_toml.with_name("Cargo.lock"))
+    module = copies / copy.module
+    series.say(f"renamed copy of hello-rust built in {_build(series, module):.1f} s")
+    main_rs = module / "src" / "src" / "main.rs"
+    text = main_rs.read_text()
+    main_rs.write_text(text.replace("Hello, ", "Hi there, ", 1))
+    series.say(f"one-line change to it rebuilt in {_build(series, module):.1f} s")
+    # Rebuilt and serving: a node serving the copy alone, started after another one-line change.
+    state = work / "state-rust"
+    node_run(series, state, copies, timeout)  # serving the current source
+    main_rs.write_text(text.replace("Hello, ", "Hey, ", 1))
+    took, _, built, failed = node_run(series, state, copies, timeout)
+    build = built.get(f"{copy.module}/tools")
+    series.say(
+        f"one-line change, node started again: rebuilt and serving after {took:.1f} s"
+        + (f" (build {build:.1f} s)" if build is not None else "")
+        + "".join(f"; not ready: {p}" for p in failed)
+    )
+
+
+def _caches(series: Series) -> str:
+    """Which per-user caches a build reads, and whether they hold anything yet."""
+
+    def held(path: Path) -> str:
+        return "warm" if path.is_dir() and any(path.iterdir()) else "cold"
+
+    home = Path.home()
+    go = subprocess.run(["go", "env", "GOCACHE", "GOMODCACHE"], capture_output=True, text=True, env=series.env)
+    gocache, gomod = (go.stdout.split("\n") + ["", ""])[:2] if go.returncode == 0 else ("", "")
+    cargo = Path(os.environ.get("CARGO_HOME") or home / ".cargo") / "registry"
+    npm = home / ".npm" / "_cacache"
+    return (
+        f"toolchain cache {series.env.get('MESH_TOOLCHAIN_CACHE', '(default)')}; Go build cache {gocache} "
+        f"({held(Path(gocache)) if gocache else '?'}), Go modules ({held(Path(gomod)) if gomod else '?'}), "
+        f"cargo registry ({held(cargo)}), npm cache ({held(npm)}); Python bundles run from source (no pip)"
+    )
+
+
+def _checkout(ref: str, folder: Path) -> Path:
+    subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=ROOT, capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
+    subprocess.run(["git", "worktree", "add", "--detach", str(folder), ref], cwd=ROOT, check=True, capture_output=True)
+    return folder
 
 
 def main() -> int:
@@ -96,26 +194,34 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=2, help="node runs, each on a fresh state folder")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--no-rust", action="store_true", help="skip the renamed copy and the one-line change")
+    parser.add_argument("--cold", action="store_true", help="a fresh toolchain cache and Go build cache per series")
+    parser.add_argument("--before", metavar="REF", help="measure a checkout of REF first, the same way")
     args = parser.parse_args()
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    for n in range(args.nodes):
-        took, ready, failed = node_run(WORK / f"state-{n + 1}", args.timeout)
-        slowest = sorted(ready.items(), key=lambda kv: -kv[1])[:3]
-        print(f"node on fresh state folder {n + 1}: every bundle ready after {took:.1f} s", flush=True)
-        print("  slowest: " + ", ".join(f"{k} {v:.1f} s" for k, v in slowest), flush=True)
-        for problem in failed:
-            print(f"  not ready: {problem}", flush=True)
-    if not args.no_rust and shutil.which("cargo"):
-        copy = hello_copy(WORK / "copies", "rust", "hello-rust-renamed")
-        module = WORK / "copies" / copy.module
-        print(f"renamed copy of hello-rust built in {_build(module):.1f} s", flush=True)
-        main_rs = module / "src" / "src" / "main.rs"
-        text = main_rs.read_text()
-        main_rs.write_text(text.replace("Hello, ", "Hi there, ", 1))
-        print(f"one-line change to it rebuilt in {_build(module):.1f} s", flush=True)
-    load = os.getloadavg()
-    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
+    shutil.rmtree(WORK / "now", ignore_errors=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    runs = [Series("now", ROOT, dict(os.environ))]
+    if args.before:
+        before = _checkout(args.before, WORK / "before-src")
+        shutil.rmtree(WORK / "before", ignore_errors=True)
+        runs.insert(0, Series(f"before ({args.before})", before, dict(os.environ, PYTHONPATH=str(before))))
+    for series in runs:
+        work = WORK / ("before" if series.root != ROOT else "now")
+        work.mkdir(parents=True, exist_ok=True)
+        if args.cold:
+            series.env["MESH_TOOLCHAIN_CACHE"] = str(work / "toolchain-cache")
+            series.env["GOCACHE"] = str(work / "go-build-cache")
+        series.say(_caches(series))
+        load = os.getloadavg()
+        series.say(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        _nodes(series, work, args.nodes, args.timeout)
+        if not args.no_rust and shutil.which("cargo"):
+            _rust(series, work, args.timeout)
+        load = os.getloadavg()
+        series.say(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
+    if len(runs) > 1:
+        print("\nside by side:")
+        for pair in zip(*(s.figures for s in runs)):
+            print(f"  before: {pair[0]}\n  now:    {pair[1]}")
     return 0
 
 

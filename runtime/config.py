@@ -40,6 +40,10 @@ password = "..."                    # none: generated into <state_dir>/callers/<
 
 [services]
 host = "auto"                       # auto | node | systemd: who runs service bundles
+
+[build_cache]                       # what the toolchains keep between builds (MESH_TOOLCHAIN_CACHE)
+max_age_days = 14                   # a kept build folder unused this long is removed
+max_size_gb = 10                    # per toolchain: beyond it the least recently used go first
 ```
 """
 
@@ -57,6 +61,7 @@ import msgspec
 from launcher.bundle import HealthPolicy, RestartPolicy
 from manifests.load import name_problem
 from toolchains.artifact import ArtifactLimits
+from toolchains.cache_bound import CacheBound, bound_problem
 
 from .calls import CallSettings
 from .identity import check_local
@@ -136,6 +141,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     identity: IdentityConfig = msgspec.field(default_factory=IdentityConfig)
     seats: SeatsConfig = msgspec.field(default_factory=SeatsConfig)
     services: ServicesConfig = msgspec.field(default_factory=ServicesConfig)
+    build_cache: CacheBound = msgspec.field(default_factory=CacheBound)  # toolchains/cache_bound.py
 
 
 class ConfigError(Exception):
@@ -199,6 +205,8 @@ def _problem(config: NodeConfig) -> str | None:
             return f"identity.mcp_faces: {why}"
     if not 1 <= config.seats.lease_ttl_s <= 3600:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
+    if why := bound_problem(config.build_cache):
+        return why
     seen: set[str] = set()
     for i, c in enumerate(config.nats.caller):
         for field, value in (("account", c.account), ("user", c.user)):

@@ -138,7 +138,7 @@ class SystemdService:
         first. Blocking: run() calls it in a worker thread."""
         placement = self.placement
         if placement.from_source:  # a delivered bundle is built already: its artifact is the build
-            placement = build_services(placement, self.config.state_dir, progress=log.info)
+            placement = build_services(placement, self.config.state_dir, log.info, self.config.build_cache)
         folder = data_dir(self.config.state_dir, placement.loaded.module.name)
         folder.mkdir(parents=True, exist_ok=True)
         return service_unit(

@@ -87,7 +87,7 @@ def child_of(
     )
     env[MARKER_VAR] = run_id
     child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
-    prepare = preparer(placement.loaded, spec, config.state_dir, child) if built_first else None
+    prepare = preparer(placement.loaded, spec, config.state_dir, child, config.build_cache) if built_first else None
     return child, prepare
 
 

@@ -27,6 +27,7 @@ from launcher.process import ChildSpec
 from manifests import BundleManifest, LoadedModule
 from toolchains.build import find_repo_root, stage_bundle
 from toolchains.bytecode import compile_bytecode
+from toolchains.cache_bound import CacheBound
 from toolchains.progress import BuildProgress
 
 log = logging.getLogger("mesh.source")
@@ -84,7 +85,11 @@ def build_dir(state_dir: Path | str, module: str, bundle: str) -> Path:
 
 
 def build_from_source(
-    loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, progress: Callable[[str], None] = log.info
+    loaded: LoadedModule,
+    spec: BundleManifest,
+    state_dir: Path | str,
+    progress: Callable[[str], None] = log.info,
+    cache_bound: CacheBound | None = None,
 ) -> tuple[Path, dict[str, str]]:
     """Build (or reuse) one bundle of a module served from source: its folder and the toolchain's env.
 
@@ -119,7 +124,7 @@ def build_from_source(
     # Plain lines (a node's output is a log): "still building ... after N s" while the compiler is silent.
     with BuildProgress(progress, live=False) as clock:
         clock.start(key, spec.language)
-        output = stage_bundle(loaded, spec, work, progress=clock)
+        output = stage_bundle(loaded, spec, work, progress=clock, cache_bound=cache_bound)
         if spec.language == "python":  # a package bundle built from its lock: its children start faster
             compile_bytecode(work)
         clock.done(key)
@@ -168,12 +173,12 @@ async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 def preparer(
-    loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, child: ChildSpec
+    loaded: LoadedModule, spec: BundleManifest, state_dir: Path | str, child: ChildSpec, cache_bound: CacheBound
 ) -> Callable[[], Awaitable[ChildSpec]]:
     """A runner's `prepare`: build the bundle first, then run `child` from the build's folder."""
 
     async def prepare() -> ChildSpec:
-        target, build_env = await in_daemon_thread(build_from_source, loaded, spec, state_dir)
+        target, build_env = await in_daemon_thread(build_from_source, loaded, spec, state_dir, log.info, cache_bound)
         env = dict(child.env)
         for k, v in build_env.items():
             env[k] = v.replace("{bundle_dir}", str(target))

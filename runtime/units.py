@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from manifests.model import ENV_NAME_RE
 from runtime.placement import RUN_FROM_SOURCE, Placement
 from runtime.source import build_from_source
+from toolchains.cache_bound import CacheBound
 
 NODE_UNIT = "mesh-node.service"
 # Where a node run by systemd keeps its state: /var/lib/<StateDirectory>, created by systemd.
@@ -405,7 +406,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def build_services(placement: Placement, state_dir: Path | str, progress: Callable[[str], None] = print) -> Placement:
+def build_services(
+    placement: Placement,
+    state_dir: Path | str,
+    progress: Callable[[str], None] = print,
+    cache_bound: CacheBound | None = None,
+) -> Placement:
     """The placement with its compiled service bundles built, as the node builds its tools bundles
     (runtime/source.py, reused when the sources are unchanged). Python runs from its source."""
     dirs = dict(placement.dirs)
@@ -413,5 +419,7 @@ def build_services(placement: Placement, state_dir: Path | str, progress: Callab
     for spec in placement.loaded.module.bundle:
         if spec.kind != "service" or spec.language in RUN_FROM_SOURCE:
             continue
-        dirs[spec.name], build_env[spec.name] = build_from_source(placement.loaded, spec, state_dir, progress)
+        dirs[spec.name], build_env[spec.name] = build_from_source(
+            placement.loaded, spec, state_dir, progress, cache_bound
+        )
     return replace(placement, dirs=dirs, build_env=build_env)

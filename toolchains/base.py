@@ -14,6 +14,8 @@ from typing import Callable, Protocol
 
 from manifests import BundleManifest, LoadedModule
 
+from .cache_bound import CacheBound
+
 
 class ToolchainMissing(Exception):
     """A compiler or tool a build needs is not installed; says what to install."""
@@ -40,6 +42,7 @@ class BuildContext:
     cache_dir: Path  # kept between builds (compiler caches); never packed
     repo_root: Path | None  # this project's checkout, for SDKs referenced by path; None outside it
     log: Callable[[str], None] = print
+    cache_bound: CacheBound = field(default_factory=CacheBound)  # what the toolchain keeps in cache_dir
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from manifests.check import refuse_own_image
 
 from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
 from .base import BuildContext, BuildOutput, Toolchain
+from .cache_bound import CacheBound
 from .packaged import build_package, is_packaged
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
@@ -132,7 +133,7 @@ def _build_bundle(
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mesh-stage-{module.name}-{bundle.name}-") as stage:
         stage_dir = Path(stage)
-        output = _stage(loaded, bundle, toolchain, stage_dir, cache_dir, repo_root, progress)
+        output = _stage(loaded, bundle, toolchain, stage_dir, cache_dir, repo_root, progress, CacheBound())
         meta = ArtifactMeta(
             module=module.name,
             bundle=bundle.name,
@@ -162,12 +163,14 @@ def stage_bundle(
     *,
     cache_dir: Path | None = None,
     progress: Callable[[str], None] = print,
+    cache_bound: CacheBound | None = None,
 ) -> BuildOutput:
     """Build one bundle into `stage_dir` without packing: how a node runs compiled code from source."""
     toolchain = get_toolchain(bundle.language)
     toolchain.check()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return _stage(loaded, bundle, toolchain, stage_dir, cache, find_repo_root(loaded.root), progress)
+    bound = cache_bound if cache_bound is not None else CacheBound()
+    return _stage(loaded, bundle, toolchain, stage_dir, cache, find_repo_root(loaded.root), progress, bound)
 
 
 def _stage(
@@ -178,6 +181,7 @@ def _stage(
     cache_dir: Path,
     repo_root: Path | None,
     progress: Callable[[str], None],
+    cache_bound: CacheBound,
 ) -> BuildOutput:
     # Each language gets its own cache folder so two toolchains never trip over each other's files.
     language_cache = cache_dir / bundle.language
@@ -191,6 +195,7 @@ def _stage(
         cache_dir=language_cache,
         repo_root=repo_root,
         log=lambda line: progress(f"{tag} {line}"),
+        cache_bound=cache_bound,
     )
     # A published package (imported, with its lock; or a JavaScript one installed by hand) is
     # built from its lock by the registry's client, not compiled.

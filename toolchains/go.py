@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .cache_bound import Kept, holding
 
 INSTALL_HINT = (
     "install Go 1.25 or newer from https://go.dev/dl/ "
@@ -67,13 +68,22 @@ class GoToolchain:
             ".",
         ]
         ctx.log(f"go: building bundle {ctx.bundle.name!r} -> {binary.relative_to(ctx.stage_dir)} (linux/{arch})")
-        with tempfile.TemporaryDirectory(prefix="mesh-gowork-") as scratch:
+        said = "go: waiting for another Go build (one at a time: they compile the same packages into one cache)"
+        with tempfile.TemporaryDirectory(prefix="mesh-gowork-") as scratch, holding(_turns(ctx), lambda: ctx.log(said)):
             workspace = sdk_workspace(ctx, Path(scratch))
             if workspace is not None:
                 ctx.log(f"go: {SDK_MODULE} is not beside this copy of the module; using {workspace[1]}")
                 env["GOWORK"] = str(workspace[0])
             _run(ctx, command, env)
         return BuildOutput(os="linux", arch=arch)
+
+
+def _turns(ctx: BuildContext) -> Kept:
+    """The lock Go builds take turns on. Concurrent `go build`s do not share work: each compiles
+    every package its build cache lacks (the standard library, the SDKs, a SQLite driver), so
+    three bundles built at once on a cold cache compiled them three times over. One at a time,
+    the second finds them in the cache: on two cores that is sooner for all of them."""
+    return Kept(ctx.cache_dir, ctx.cache_dir / "build.lock")
 
 
 def sdk_workspace(ctx: BuildContext, scratch: Path) -> tuple[Path, Path] | None:

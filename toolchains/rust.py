@@ -19,12 +19,13 @@ Built once: the scratch workspace and the target folder are keyed by the Rust ve
 bundle's Cargo.lock, not by the module's name, so a renamed copy of a module, or another bundle
 locked to the same crates, reuses every compiled dependency (only its own crate is compiled).
 The workspace's path is the same for every build under one key, so the flags that name it (the
-path remap) are the same too and cargo's fingerprints of the dependencies still hold.
+path remap) are the same too and cargo's fingerprints of the dependencies still hold. Keys that
+are no longer used are removed within the node's cache bound (toolchains/cache_bound.py), and so
+are the per-module folders of the layout before the key.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .cache_bound import Kept, holding, prune
 
 LANGUAGE = "rust"
 INSTALL_HINT = (
@@ -75,12 +77,10 @@ class RustToolchain:
             )
 
         home = _shared_home(ctx.cache_dir, release, source)
-        home.mkdir(parents=True, exist_ok=True)
-        with open(home / ".lock", "w") as lock:
-            # One build at a time per key: the builds under it share the scratch copy and the target.
-            if not _try_lock(lock):
-                ctx.log(f"rust: waiting for another build that shares {home.name} (the same Rust and Cargo.lock)")
-                fcntl.flock(lock, fcntl.LOCK_EX)
+        said = f"rust: waiting for another build that shares {home.name} (the same Rust and Cargo.lock)"
+        # One build at a time per key: the builds under it share the scratch copy and the target.
+        with holding(Kept(home, home / ".lock"), on_wait=lambda: ctx.log(said)):
+            prune(_kept(ctx.cache_dir), ctx.cache_bound, ctx.log, old_layout=_old_layout(ctx.cache_dir))
             workspace, package = _mirror(ctx, source, home / "workspace")
             target = home / "target"
             env = _build_env(cargo, workspace, target)
@@ -131,12 +131,24 @@ def _shared_home(cache_dir: Path, release: str, source: Path) -> Path:
     return (cache_dir / "shared" / f"rustc-{release}-lock-{digest}").resolve()
 
 
-def _try_lock(lock: object) -> bool:
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[arg-type]
-        return True
-    except BlockingIOError:
-        return False
+def _kept(cache_dir: Path) -> list[Kept]:
+    """Every keyed folder under `shared`: what the cache bound counts and prunes."""
+    shared = cache_dir / "shared"
+    folders = sorted(p for p in shared.iterdir() if p.is_dir()) if shared.is_dir() else []
+    return [Kept(folder, folder / ".lock") for folder in folders]
+
+
+def _old_layout(cache_dir: Path) -> list[Kept]:
+    """The folders of the layout before the shared key: `<module>/<bundle>/` with its own
+    workspace and target, which no build reuses any more."""
+    found = []
+    for module in sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []:
+        if module.name in ("shared", "packages") or not module.is_dir():
+            continue  # the keyed folders; imported packages' builds (toolchains/packaged.py)
+        for bundle in sorted(module.iterdir()):
+            if (bundle / ".lock").is_file() and (bundle / "workspace").is_dir():
+                found.append(Kept(bundle, bundle / ".lock"))
+    return found
 
 
 def _cargo_home() -> Path:

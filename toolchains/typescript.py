@@ -27,7 +27,6 @@ cache (`--prefer-offline`), which scripts/setup-typescript.sh fills ahead of an 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .cache_bound import Kept, holding, prune
 
 LANGUAGE = "typescript"
 MIN_NODE = 20
@@ -82,9 +82,9 @@ class TypeScriptToolchain:
         ctx.cache_dir.mkdir(parents=True, exist_ok=True)
         _sweep_stale_scratches(ctx.cache_dir)
         scratch = _shared_scratch(ctx, packages, root)
-        with open(scratch.with_name(scratch.name + ".lock"), "w") as lock:
-            # One build at a time per scratch: builds with the same packages and locks share it.
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        # One build at a time per scratch: builds with the same packages and locks share it.
+        with holding(_kept_one(scratch)):
+            prune(_kept(ctx.cache_dir), ctx.cache_bound, ctx.log)
             for package in packages:
                 _clear_except_installed(scratch / package.relative_to(root))
             for package in packages:
@@ -206,6 +206,16 @@ def _shared_scratch(ctx: BuildContext, packages: list[Path], root: Path) -> Path
             digest.update(path.read_bytes() if path.is_file() else b"-")
             digest.update(b"\0")
     return ctx.cache_dir.resolve() / f"{SHARED_PREFIX}{digest.hexdigest()[:16]}"
+
+
+def _kept_one(scratch: Path) -> Kept:
+    return Kept(scratch, scratch.with_name(scratch.name + ".lock"))
+
+
+def _kept(cache_dir: Path) -> list[Kept]:
+    """Every kept scratch (or a lock file left of one): what the cache bound counts and prunes."""
+    names = {p.name.removesuffix(".lock") for p in cache_dir.glob(f"{SHARED_PREFIX}*")}
+    return [_kept_one(cache_dir.resolve() / name) for name in sorted(names)]
 
 
 def _clear_except_installed(folder: Path) -> None:

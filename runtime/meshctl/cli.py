@@ -277,7 +277,11 @@ def cmd_node_units(args: argparse.Namespace) -> int:
     placements, problems = load_placements(Path(config.manifests))
     for problem in problems:
         print(f"meshctl: module not loaded: {problem}", file=sys.stderr)
-    built = [build_services(p, state, progress=lambda line: print(line, file=sys.stderr)) for p in placements]
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    built = [build_services(p, state, say, config.build_cache) for p in placements]
     paths = service_units(built, node=node, state_dir=state, out_dir=args.out, user=args.user)
     for path in paths:
         print(f"wrote {path}")
