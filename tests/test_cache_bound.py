@@ -83,8 +83,8 @@ def test_rust_folders_of_the_layout_before_the_key_are_removed(tmp_path: Path) -
     (tmp_path / "packages" / "some-tool-1.0" / ".lock").touch()
     (tmp_path / "sdk-test-target" / "release").mkdir(parents=True)  # the SDK tests' target, not a build's
     said: list[str] = []
-    removed = prune(rust._kept(tmp_path), CacheBound(), said.append, old_layout=rust._old_layout(tmp_path))
-    assert removed == [old.folder]
+    removed = rust._prune(tmp_path, CacheBound(), said.append)
+    assert removed == [old.folder] and not (tmp_path / "hello-rust").exists()
     assert keyed.folder.is_dir() and (tmp_path / "packages" / "some-tool-1.0").is_dir()
     assert (tmp_path / "sdk-test-target").is_dir()
     assert len(said) == 1 and "older cache layout" in said[0] and str(old.folder) in said[0]

@@ -26,6 +26,7 @@ are the per-module folders of the layout before the key.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -35,9 +36,10 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
-from .cache_bound import Kept, holding, prune
+from .cache_bound import CacheBound, Kept, holding, prune
 
 LANGUAGE = "rust"
 INSTALL_HINT = (
@@ -81,7 +83,7 @@ class RustToolchain:
         said = f"rust: waiting for another build that shares {home.name} (the same Rust and Cargo.lock)"
         # One build at a time per key: the builds under it share the scratch copy and the target.
         with holding(Kept(home, home / ".lock"), on_wait=lambda: ctx.log(said)):
-            prune(_kept(ctx.cache_dir), ctx.cache_bound, ctx.log, old_layout=_old_layout(ctx.cache_dir))
+            _prune(ctx.cache_dir, ctx.cache_bound, ctx.log)
             workspace, package = _mirror(ctx, source, home / "workspace")
             target = home / "target"
             env = _build_env(cargo, workspace, target)
@@ -130,6 +132,16 @@ def _shared_home(cache_dir: Path, release: str, source: Path) -> Path:
     """The cache folder of every build with this Rust release and this Cargo.lock."""
     digest = hashlib.sha256((source / "Cargo.lock").read_bytes()).hexdigest()[:16]
     return (cache_dir / "shared" / f"rustc-{release}-lock-{digest}").resolve()
+
+
+def _prune(cache_dir: Path, bound: CacheBound, log: Callable[[str], None]) -> list[Path]:
+    """Keep the Rust cache within `bound`; the old layout's module folders go once empty."""
+    old = _old_layout(cache_dir)
+    removed = prune(_kept(cache_dir), bound, log, old_layout=old)
+    for module in {item.folder.parent for item in old}:
+        with contextlib.suppress(OSError):  # not empty: another bundle's folder is in use
+            module.rmdir()
+    return removed
 
 
 def _kept(cache_dir: Path) -> list[Kept]:
