@@ -74,20 +74,21 @@ def test_taking_the_lock_stamps_the_last_use(tmp_path: Path) -> None:
     assert prune(typescript._kept(tmp_path), CacheBound(max_age_days=14), print) == []
 
 
-def test_rust_folders_of_the_layout_before_the_key_are_removed(tmp_path: Path) -> None:
+def test_rust_folders_of_the_layout_before_the_key_and_stale_crate_builds_are_removed(tmp_path: Path) -> None:
     old = _folder(tmp_path / "hello-rust" / "tools", lock_inside=True)
     (old.folder / "workspace").mkdir()
     (old.folder / "target").mkdir()
     keyed = _folder(tmp_path / "shared" / "rustc-1.95.0-lock-0123456789abcdef", lock_inside=True)
-    (tmp_path / "packages" / "some-tool-1.0" / "workspace").mkdir(parents=True)  # packaged.py's, kept
-    (tmp_path / "packages" / "some-tool-1.0" / ".lock").touch()
+    tool = _folder(tmp_path / "packages" / "some-tool-1.0", lock_inside=True)  # packaged.py's: bounded, kept
+    stale_tool = _folder(tmp_path / "packages" / "some-tool-0.9", lock_inside=True, idle_days=30)
     (tmp_path / "sdk-test-target" / "release").mkdir(parents=True)  # the SDK tests' target, not a build's
     said: list[str] = []
     removed = rust._prune(tmp_path, CacheBound(), said.append)
-    assert removed == [old.folder] and not (tmp_path / "hello-rust").exists()
-    assert keyed.folder.is_dir() and (tmp_path / "packages" / "some-tool-1.0").is_dir()
+    assert removed == [old.folder, stale_tool.folder] and not (tmp_path / "hello-rust").exists()
+    assert keyed.folder.is_dir() and tool.folder.is_dir()
     assert (tmp_path / "sdk-test-target").is_dir()
-    assert len(said) == 1 and "older cache layout" in said[0] and str(old.folder) in said[0]
+    assert len(said) == 2 and "older cache layout" in said[0] and str(old.folder) in said[0]
+    assert str(stale_tool.folder) in said[1] and "max_age_days" in said[1]
 
 
 def test_a_build_waiting_for_a_lock_prune_removed_takes_the_new_one(tmp_path: Path) -> None:

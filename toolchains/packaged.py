@@ -26,6 +26,7 @@ from manifests import BundleManifest
 from manifests.imported import PackageLock, is_package_bundle, read_lock
 
 from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .cache_bound import Kept, holding
 from .python import VENDOR, _normalise_vendor, _platform_if_native
 
 BUILD_TIMEOUT_S = 900
@@ -225,7 +226,7 @@ def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
 
 
 def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
-    from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env
+    from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env, _prune
 
     cargo, host, _release = TOOLCHAIN._tools()
     binary = lock.entry[0].removeprefix("bin/")
@@ -236,11 +237,12 @@ def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
             "rust", ctx.bundle.name, ["cargo", "install"], f"{cached[0]} does not match its locked hash {crate.hash}"
         )
     # A fixed target folder per crate version: the build is incremental, and its paths are remapped.
+    # Kept within the cache bound with the Rust toolchain's own folders (toolchains/cache_bound.py).
     home = (ctx.cache_dir / "packages" / f"{lock.package}-{lock.version}").resolve()
-    home.mkdir(parents=True, exist_ok=True)
     env = dict(_build_env(cargo, home / "none", home / "target"))
     env.update({k: v for k, v in cargo_env(offline()).items() if k.startswith("CARGO_NET")})
-    with tempfile.TemporaryDirectory(dir=home, prefix="root-") as root:
+    with holding(Kept(home, home / ".lock")), tempfile.TemporaryDirectory(dir=home, prefix="root-") as root:
+        _prune(ctx.cache_dir, ctx.cache_bound, ctx.log)
         command = [cargo, "install", "--locked", "--root", root, "--bin", binary, f"{lock.package}@{lock.version}"]
         ctx.log(f"cargo install --locked {lock.package}@{lock.version} -> bin/{binary}")
         _run(ctx, [*command, "-j", str(JOBS), "--color", "never"], home, env)

@@ -145,9 +145,12 @@ def _prune(cache_dir: Path, bound: CacheBound, log: Callable[[str], None]) -> li
 
 
 def _kept(cache_dir: Path) -> list[Kept]:
-    """Every keyed folder under `shared`: what the cache bound counts and prunes."""
-    shared = cache_dir / "shared"
-    folders = sorted(p for p in shared.iterdir() if p.is_dir()) if shared.is_dir() else []
+    """What the cache bound counts and prunes: every keyed folder under `shared`, and under
+    `packages` every imported crate's build (toolchains/packaged.py)."""
+    folders = []
+    for kind in ("shared", "packages"):
+        if (cache_dir / kind).is_dir():
+            folders += sorted(p for p in (cache_dir / kind).iterdir() if p.is_dir())
     return [Kept(folder, folder / ".lock") for folder in folders]
 
 
