@@ -81,6 +81,8 @@ def test_rust_folders_of_the_layout_before_the_key_and_stale_crate_builds_are_re
     keyed = _folder(tmp_path / "shared" / "rustc-1.95.0-lock-0123456789abcdef", lock_inside=True)
     tool = _folder(tmp_path / "packages" / "some-tool-1.0", lock_inside=True)  # packaged.py's: bounded, kept
     stale_tool = _folder(tmp_path / "packages" / "some-tool-0.9", lock_inside=True, idle_days=30)
+    stale_tool.lock.unlink()  # built before builds took a lock there: the folder's own time counts
+    os.utime(stale_tool.folder, (time.time() - 30 * DAY, time.time() - 30 * DAY))
     (tmp_path / "sdk-test-target" / "release").mkdir(parents=True)  # the SDK tests' target, not a build's
     said: list[str] = []
     removed = rust._prune(tmp_path, CacheBound(), said.append)

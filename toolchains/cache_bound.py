@@ -87,7 +87,7 @@ def prune(
     now = now or time.time()
     removed: list[Path] = []
     for item in old_layout:
-        if _remove(item, log, "a folder of an older cache layout, which no build uses any more"):
+        if _remove(item, log, "a folder of an older cache layout, which no build uses any more", None):
             removed.append(item.folder)
     live: list[tuple[float, int, Kept]] = []  # (last use, size, folder)
     for item in kept:
@@ -97,27 +97,29 @@ def prune(
         idle_days = (now - used) / DAY_S
         if idle_days > bound.max_age_days:
             why = f"unused for {idle_days:.0f} days; build_cache.max_age_days is {bound.max_age_days:g}"
-            if _remove(item, log, why):
+            if _remove(item, log, why, used):
                 removed.append(item.folder)
                 continue
         live.append((used, _size(item.folder), item))
     total = sum(size for _, size, _ in live)
     limit = bound.max_size_gb * GB
-    for _, size, item in sorted(live, key=lambda t: t[0]):  # least recently used first
+    for used, size, item in sorted(live, key=lambda t: t[0]):  # least recently used first
         if total <= limit:
             break
         why = (
             f"the least recently used, and this toolchain's folders held {_gb(total)}; "
             f"build_cache.max_size_gb is {bound.max_size_gb:g}"
         )
-        if _remove(item, log, why):
+        if _remove(item, log, why, used):
             removed.append(item.folder)
             total -= size
     return removed
 
 
-def _remove(item: Kept, log: Callable[[str], None], why: str) -> bool:
-    """Remove `item` unless a build holds its lock; True when removed."""
+def _remove(item: Kept, log: Callable[[str], None], why: str, used: float | None) -> bool:
+    """Remove `item` unless a build holds its lock or took it since its last use was read
+    (`used`); True when removed."""
+    stamped = item.lock.exists()  # else its last use was the folder's time, and opening makes the lock
     try:
         lock = open(item.lock, "a")
     except OSError:
@@ -125,6 +127,8 @@ def _remove(item: Kept, log: Callable[[str], None], why: str) -> bool:
     with lock:
         if not _try_lock(lock) or not _same_file(lock, item.lock):
             return False  # a build uses it right now
+        if used is not None and stamped and _last_use(item) != used:
+            return False  # a build used it since: no longer what the bound said to remove
         size = _size(item.folder)
         shutil.rmtree(item.folder, ignore_errors=True)
         if item.lock.parent != item.folder:
