@@ -38,7 +38,7 @@ from .hosting import Hosted, ServiceHost
 from .identity import CallerStamp, local_caller
 from .placement import Placement, data_dir, runner_spec
 from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
-from .seats import Seats, SeatStatus, stateful_seats
+from .seats import Seats, SeatStatus, shown_state, stateful_seats, wanted_seats
 from .service import Service
 from .steps import StepFailed
 
@@ -311,7 +311,12 @@ class Node:
         prestarted = self._prestarted.pop(module.name, None)
         bundles = prestarted or [self._runner(placement, spec) for spec in module.tools_bundles()]
         entry = ModuleEntry(
-            module.name, module.version, bundles, declared_seats=module.seat_names(), stateful=stateful_seats(placement)
+            module.name,
+            module.version,
+            bundles,
+            declared_seats=module.seat_names(),
+            stateful=stateful_seats(placement),
+            wanted_seats=wanted_seats(placement),
         )
         if old is not None:
             self.seats.release(old)
@@ -435,7 +440,7 @@ class Node:
         self._control.append(await self.nc.subscribe(f"{base}.seat-move", cb=self.seats.on_move))
 
     def status(self) -> NodeStatus:
-        bundles = [b.status() for m in self.table.modules.values() for b in m.bundles] + self.hosting.statuses()
+        bundles = [s for m in self.table.modules.values() for s in self._tools_statuses(m)] + self.hosting.statuses()
         return NodeStatus(
             node=self.name,
             url=self.url,
@@ -452,6 +457,14 @@ class Node:
             in_flight=self.dispatcher.in_flight if self.dispatcher else 0,
             answered=self.dispatcher.answered if self.dispatcher else 0,
         )
+
+    def _tools_statuses(self, entry: ModuleEntry) -> list[BundleStatus]:
+        """Its tools bundles, `ready` only once its seats are decided here (runtime/seats.py, shown_state)."""
+        standing = self.seats.standing(entry)
+        statuses = [b.status() for b in entry.bundles]
+        for status in statuses:
+            status.state = shown_state(status.state, standing)
+        return statuses
 
     async def _on_status(self, msg: Msg) -> None:
         if msg.reply:

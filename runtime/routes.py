@@ -97,6 +97,7 @@ class ModuleEntry:
     # The seats its module.toml declares ([[seat]]); None: not known, nothing is checked.
     declared_seats: list[str] | None = None
     stateful: set[str] = field(default_factory=set)  # its seats held through a lease (runtime/seat_keeper.py)
+    wanted_seats: list[str] = field(default_factory=list)  # the seats it claims on this node (held or not)
 
     def serves_own_tools(self) -> bool:
         # Its own tools share the store of its stateful seats: served only where it holds them all.

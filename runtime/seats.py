@@ -4,6 +4,10 @@ A stateless seat (and a second claimant on this node) is decided here at once; a
 is held through its lease by a `SeatKeeper` (runtime/seat_keeper.py), whose every change of mind
 comes back to `changed`: the seat's subjects, and its module's own tools (they share its
 store), are subscribed only while the module holds all its stateful seats here.
+
+A seat says `held` only once its subjects are subscribed, and a module's tools bundles are shown
+`ready` only once every seat it wants here is decided (`standing`, `shown_state`): a caller that
+waits for `ready` and then calls a seat verb is answered, never told "no responders".
 """
 
 from __future__ import annotations
@@ -40,11 +44,33 @@ class SeatStatus(msgspec.Struct):
     home: str = ""  # the node whose disk holds its data, when that is not this one
 
 
+def wanted_seats(placement: Placement) -> list[str]:
+    """The seats this placement claims on this node: all its module declares, or those it names."""
+    module = placement.loaded.module
+    return module.seat_names() if placement.seats is None else list(placement.seats)
+
+
 def stateful_seats(placement: Placement) -> set[str]:
     """The seats this placement holds through a lease: every wanted seat not declared stateless."""
-    module = placement.loaded.module
-    wanted = module.seat_names() if placement.seats is None else placement.seats
-    return {s.name for s in module.seat if s.name in wanted and not s.stateless}
+    wanted = wanted_seats(placement)
+    return {s.name for s in placement.loaded.module.seat if s.name in wanted and not s.stateless}
+
+
+# What a module's seats leave its tools bundles on this node (`Seats.standing`):
+SERVING = "serving"  # every seat it wants is decided, its stateful ones are held here: all is served
+LOOKING = "looking"  # a seat is not decided yet (its lease not looked at): its subjects may not answer
+STANDBY = "standby"  # a stateful seat is held by another node, or refused: none of its tools is served here
+
+
+def shown_state(child: str, standing: str) -> str:
+    """A tools bundle's state in status: its child's, except that `ready` waits for its seats.
+
+    A child that is ready while a seat's lease is still being looked at is `starting` (its seat
+    verbs would get "no responders"); one whose module's stateful seat is held by another node,
+    or refused, is `standby` (the node's seat status names the holder, or why not)."""
+    if child != "ready" or standing == SERVING:
+        return child
+    return "starting" if standing == LOOKING else "standby"
 
 
 class Seats:
@@ -76,9 +102,25 @@ class Seats:
     def held(self) -> list[str]:
         return sorted(s.seat for s in self.status.values() if s.state == "held")
 
+    def standing(self, entry: ModuleEntry) -> str:
+        """SERVING, LOOKING or STANDBY: what the module's seats leave its tools bundles here."""
+        states = {seat: self._state_of(seat, entry.name) for seat in entry.wanted_seats}
+        if any(state in ("", "starting") for state in states.values()):
+            return LOOKING
+        if any(states.get(seat) != "held" for seat in entry.stateful):
+            return STANDBY
+        return SERVING
+
+    def _state_of(self, seat: str, module: str) -> str:
+        """The seat's state as this module claimed it; "" while its claim has not begun."""
+        for status in self.status.values():
+            if status.seat == seat and status.module == module:
+                return status.state
+        return ""
+
     async def claim(self, placement: Placement, entry: ModuleEntry, old: ModuleEntry | None) -> None:
         module = placement.loaded.module
-        wanted = module.seat_names() if placement.seats is None else placement.seats
+        wanted = wanted_seats(placement)
         for seat in wanted:
             declared = next((s for s in module.seat if s.name == seat), None)
             await self._claim(entry, seat, declared)
@@ -110,8 +152,8 @@ class Seats:
         if declared is None or declared.stateless:
             self.table.seat_holders[seat] = entry.name
             entry.seats.append(seat)
-            self.status[seat] = SeatStatus(seat, entry.name, "held")
             await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+            self.status[seat] = SeatStatus(seat, entry.name, "held")  # said once its subjects answer
             return
         if keeper is not None:  # the same module again (an upgrade): the lease stays, the entry is new
             await self.changed(keeper)
@@ -225,16 +267,19 @@ class Seats:
             self.table.seat_holders[seat] = entry.name
             if seat not in entry.seats:
                 entry.seats.append(seat)
-            self.status[seat] = SeatStatus(seat, entry.name, "held")
             self.table.rebuild()
             await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
-        else:
-            if seat in entry.seats:
-                entry.seats.remove(seat)
-                self.table.seat_holders.pop(seat, None)
-            self.status[seat] = SeatStatus(seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home)
-            self.table.rebuild()  # routes first: a call still queued on the subscription is refused
-            await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
+            await self.own_tools(entry)
+            # Held is said once the seat's subjects and the module's tools are subscribed: status
+            # shows the module's bundles `ready` from then on.
+            self.status[seat] = SeatStatus(seat, entry.name, "held")
+            return
+        if seat in entry.seats:
+            entry.seats.remove(seat)
+            self.table.seat_holders.pop(seat, None)
+        self.status[seat] = SeatStatus(seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home)
+        self.table.rebuild()  # routes first: a call still queued on the subscription is refused
+        await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
         await self.own_tools(entry)
 
     async def own_tools(self, entry: ModuleEntry) -> None:

@@ -316,6 +316,9 @@ async def test_stateful_seat_held_by_another_node_is_refused(tmp_path: Path, nod
     nc = await client(first.bus_url())
     seats = (await status(nc, second.name))["seats"]
     assert seats[0]["state"] == "elsewhere" and seats[0]["holder"] == first.name
+    # Its child runs, but it serves nothing here: shown on standby, never `ready`.
+    await wait_state(nc, second.name, "store/tools", "standby")
+    await wait_state(nc, first.name, "store/tools", "ready")
     assert f"node {first.name} holds seat memory" in seats[0]["reason"]
     assert second.log().count(f"seat memory: not served by module store on node {second.name}") == 1
     # The module's own tools share the seat's store: only the holder answers them.

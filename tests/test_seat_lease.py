@@ -56,7 +56,9 @@ class Pair:
 
     async def __aenter__(self) -> Pair:
         self.nc = await client(self.url)
-        await wait_state(self.nc, "b", "store/tools", "ready")
+        # b's child is up, but a holds the seat: b's bundle is on standby, never `ready`.
+        await wait_state(self.nc, "b", "store/tools", "standby")
+        await wait_state(self.nc, "a", "store/tools", "ready")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -146,7 +148,8 @@ async def test_holder_killed_calls_get_503_never_an_empty_store_then_it_comes_ba
             await asyncio.sleep(0.2)
         seat = await seat_of(nc, "b")
         assert seat["state"] == "refused" and seat["home"] == "a", seat
-        assert (await bundle_status(nc, "b", "store/tools"))["calls"] == 0
+        b_bundle = await bundle_status(nc, "b", "store/tools")
+        assert b_bundle["calls"] == 0 and b_bundle["state"] == "standby", b_bundle
         b_log = b.log()
         assert b_log.count("seat echo: not served by module store on node b") <= 3  # said on each change, not per call
         assert "keeps its data on node a's disk" in b_log
@@ -167,6 +170,9 @@ async def test_holder_stopped_cleanly_the_other_does_not_serve_until_an_operator
         url = ["--nats", nats_server.url]
         shown = meshctl("node", "status", "--name", "b", *url)
         assert "seat echo: held by node a, not here (module store)" in shown.stdout, shown.stdout
+        assert [line.split()[4] for line in shown.stdout.splitlines() if line.startswith("store/tools")] == [
+            "standby"
+        ], shown.stdout
         listed = meshctl("seat", "list", "--json", *url)
         assert json.loads(listed.stdout)[0] | {"since": 0} == {
             "seat": "echo",
@@ -211,6 +217,7 @@ async def test_a_replicated_seat_is_taken_over_by_a_live_node(tmp_path: Path, na
         took = time.monotonic() - started
         assert body["structuredContent"] == {"who": "b"}
         assert (await seat_of(nc, "b"))["state"] == "held"
+        assert (await bundle_status(nc, "b", "store/tools"))["state"] == "ready"  # standby no more
         if how == "sigterm":
             assert took < TTL_S, f"a released lease is taken at once, not after its life ({took:.1f} s)"
 
@@ -258,6 +265,8 @@ async def test_a_bus_without_jetstream_refuses_the_stateful_seat_and_serves_the_
         nc = await client(server.url)
         seat = await seat_of(nc, "nojs")
         assert seat["state"] == "refused" and "needs JetStream" in seat["reason"], seat
+        assert (await wait_state(nc, "nojs", "store/tools", "standby"))["pid"]  # its child runs, serving nothing
+        await wait_state(nc, "nojs", "plain/tools", "ready")
         code, body = await answer(nc, "mesh.tool.plain.echo", {"x": 1})
         assert code == 200
         code, _ = await answer(nc, "mesh.tool.store.echo")  # shares the seat's store: not served
