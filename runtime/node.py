@@ -98,7 +98,9 @@ class Node:
         self.hosting = ServiceHost(config, self.run_id, self.reaper)  # service and step bundles
         self._subs: dict[str, Subscription] = {}
         self._control: list[Subscription] = []
-        self.seats = Seats(self.name, config, self.table, self.run_id, self._subscribe, self._unsubscribe)
+        self.seats = Seats(
+            self.name, config, self.table, self.run_id, self._subscribe, self._unsubscribe, self._served_changed
+        )
         self._accounts: EmbeddedAccounts | None = None  # the embedded bus's caller accounts, when configured
         self._bundles_tg: anyio.abc.TaskGroup | None = None
         self._prestarted: dict[str, list[BundleRunner]] = {}  # started before the bus answered
@@ -405,8 +407,11 @@ class Node:
         self._bundle_state(bundle)
 
     def _bundle_state(self, bundle: BundleRunner) -> None:
+        self._served_changed(f"bundle {bundle.key} {bundle.state}")
+
+    def _served_changed(self, reason: str) -> None:
         if self.notice is not None:
-            self.notice.poke(f"bundle {bundle.key} {bundle.state}")
+            self.notice.poke(reason)
 
     # --- subscriptions --------------------------------------------------------------------
     async def _subscribe(self, subject: str) -> None:

@@ -84,10 +84,13 @@ class Seats:
         run_id: str,
         subscribe: Subscribe,
         unsubscribe: Subscribe,
+        served_changed: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.node, self.config, self.table, self.run_id = node, config, table, run_id
         self.state_dir = Path(config.state_dir)
         self._subscribe, self._unsubscribe = subscribe, unsubscribe
+        # What this node serves changed with a seat (the node's mesh.events.tools, runtime/changes.py).
+        self._served_changed = served_changed
         self.status: dict[str, SeatStatus] = {}
         self.keepers: dict[str, SeatKeeper] = {}  # stateful seat -> its lease keeper on this node
         self.leases: SeatLeases | None = None
@@ -273,6 +276,7 @@ class Seats:
             # Held is said once the seat's subjects and the module's tools are subscribed: status
             # shows the module's bundles `ready` from then on.
             self.status[seat] = SeatStatus(seat, entry.name, "held")
+            self._served_changed(f"seat {seat} held")
             return
         if seat in entry.seats:
             entry.seats.remove(seat)
@@ -281,6 +285,7 @@ class Seats:
         self.table.rebuild()  # routes first: a call still queued on the subscription is refused
         await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
         await self.own_tools(entry)
+        self._served_changed(f"seat {seat} {keeper.state}")
 
     async def own_tools(self, entry: ModuleEntry) -> None:
         """A module's own tools share the store of its stateful seats: served only where it holds them all."""

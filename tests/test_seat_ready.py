@@ -75,8 +75,9 @@ class Claimed:
         )
         self.table.modules["store"] = self.entry
         self.subscribed: list[tuple[str, str]] = []  # (subject, standing when it was subscribed)
+        self.changes: list[str] = []  # what the node would say on mesh.events.tools
         config = NodeConfig(name="n1", state_dir=str(tmp_path / "state"))
-        self.seats = Seats("n1", config, self.table, "run1", self._subscribe, self._unsubscribe)
+        self.seats = Seats("n1", config, self.table, "run1", self._subscribe, self._unsubscribe, self.changes.append)
         self.nc = nc
 
     async def _subscribe(self, subject: str) -> None:
@@ -109,6 +110,8 @@ async def test_a_held_seat_is_said_only_after_its_subjects_are_subscribed(tmp_pa
     assert sorted(subjects) == ["mesh.seat.clock.>", "mesh.seat.echo.>", "mesh.tool.store.>"], subjects
     # At every subscription status did not say `serving` yet: it says so only once all are made.
     assert [standing for _, standing in claimed.subscribed] == [LOOKING] * 3, claimed.subscribed
+    # A seat taken changes what the node serves: the MCP face is told to look again.
+    assert claimed.changes == ["seat echo held"], claimed.changes
 
 
 async def test_a_seat_held_by_another_node_leaves_the_bundle_on_standby_naming_the_holder(
@@ -128,6 +131,7 @@ async def test_a_seat_held_by_another_node_leaves_the_bundle_on_standby_naming_t
     # Neither the seat's verbs nor the module's own tools (they share its store) are served here.
     subjects = [subject for subject, _ in claimed.subscribed]
     assert subjects == ["mesh.seat.clock.>"], subjects
+    assert claimed.changes == ["seat echo elsewhere"], claimed.changes
 
 
 # --- a real node whose bus comes up after its children --------------------------------------------
