@@ -9,11 +9,13 @@ first run pays for compiling the dependencies (about a minute on two cores).
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -105,6 +107,93 @@ def test_many_calls_in_flight(child: StdioClient) -> None:
         assert not result.get("isError"), result
         assert result["content"] == [{"type": "text", "text": text}]
         assert result["structuredContent"] == {"greeting": text}
+
+
+# stdin and stdout are read and written through tokio's reactor when they are pipes (the tests
+# above) or sockets, and through tokio's blocking threads otherwise: a regular file cannot be
+# watched by epoll. Each kind must serve.
+def _requests(*after_init: dict[str, Any]) -> bytes:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    lines = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *after_init]
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+GREET_CALL = {
+    "jsonrpc": "2.0",
+    "id": 2,
+    "method": "tools/call",
+    "params": {"name": "greet", "arguments": {"name": "f"}},
+}
+
+
+def _answers(data: bytes) -> dict[int, dict[str, Any]]:
+    """The complete answer lines in `data`, by id."""
+    return {a["id"]: a for a in map(json.loads, data.split(b"\n")[:-1]) if "id" in a}
+
+
+def _spawn(built: tuple[Path, BuildOutput, Path], tmp_path: Path, **stdio: Any) -> subprocess.Popen[bytes]:
+    stage = built[0]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LOG_LEVEL": "warn"}
+    env |= facts_env("hello-rust", stage, tmp_path / "data" / "hello-rust")
+    return subprocess.Popen([str(stage / "bin" / "hello-rust")], cwd=stage, env=env, **stdio)
+
+
+def _check_greeted(answers: dict[int, dict[str, Any]]) -> None:
+    assert answers[1]["result"]["protocolVersion"] == PROTOCOL_VERSION
+    assert answers[2]["result"]["structuredContent"] == {"greeting": "Hello, f! (rust)"}
+
+
+def test_stdout_to_a_regular_file_is_written(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> None:
+    out = tmp_path / "answers.jsonl"
+    with out.open("wb") as stdout:
+        child = _spawn(built, tmp_path, stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.DEVNULL)
+    assert child.stdin is not None
+    child.stdin.write(_requests(GREET_CALL))
+    child.stdin.flush()
+    deadline = time.monotonic() + 10
+    while 2 not in _answers(out.read_bytes()):
+        assert time.monotonic() < deadline, f"no answer to the call in the file: {out.read_bytes()!r}"
+        time.sleep(0.02)
+    child.stdin.close()
+    assert child.wait(timeout=5) == 0
+    _check_greeted(_answers(out.read_bytes()))
+
+
+def test_stdin_from_a_regular_file_is_read_to_its_end(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(_requests({"jsonrpc": "2.0", "id": 2, "method": "ping"}))
+    with requests.open("rb") as stdin:
+        child = _spawn(built, tmp_path, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = child.communicate(timeout=10)
+    # The file's end is stdin closing: the child exits then, whether or not the ping was answered.
+    assert child.returncode == 0, err.decode(errors="replace")
+    assert _answers(out)[1]["result"]["protocolVersion"] == PROTOCOL_VERSION
+
+
+def test_a_socket_for_stdin_and_stdout_is_served(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        child = _spawn(built, tmp_path, stdin=theirs, stdout=theirs, stderr=subprocess.DEVNULL)
+        theirs.close()
+        ours.settimeout(10)
+        ours.sendall(_requests(GREET_CALL))
+        got = b""
+        while 2 not in _answers(got):
+            chunk = ours.recv(65536)
+            assert chunk, f"the child closed the socket early: {got!r}"
+            got += chunk
+        ours.shutdown(socket.SHUT_WR)  # stdin's end: the child exits at once
+        assert child.wait(timeout=5) == 0
+    _check_greeted(_answers(got))
 
 
 SDK_TARGET = CACHE / "sdk-test-target"

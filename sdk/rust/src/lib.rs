@@ -31,10 +31,11 @@
 mod call;
 mod facts;
 mod names;
+mod stdio;
 
 use std::{
     io,
-    os::fd::AsFd,
+    os::fd::{AsFd, OwnedFd},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -72,7 +73,9 @@ pub mod prelude {
 ///
 /// Sets up logging to stderr first. stdout is kept for the protocol alone: file descriptor 1 is
 /// pointed at stderr, so a stray `println!` in a tool lands in the logs instead of corrupting
-/// the JSON-RPC stream. rmcp runs every request in its own task, so a slow tool does not hold
+/// the JSON-RPC stream. When stdin and stdout are pipes or sockets (as the runtime gives them)
+/// they are read and written through tokio's reactor on the runtime's own threads; otherwise
+/// (a regular file, a terminal) through tokio's blocking threads. rmcp runs every request in its own task, so a slow tool does not hold
 /// up other calls; use the multi-thread runtime (`#[tokio::main]`'s default) and
 /// `spawn_blocking` for blocking work so CPU-heavy calls run side by side too.
 pub async fn serve_stdio<S: rmcp::ServerHandler>(handler: S) -> Result<(), Error> {
@@ -83,8 +86,8 @@ pub async fn serve_stdio<S: rmcp::ServerHandler>(handler: S) -> Result<(), Error
         }
         Err(e) => tracing::info!("serving MCP on stdio ({e})"),
     }
-    let writer = protocol_stdout()?;
-    serve(handler, tokio::io::stdin(), writer).await
+    let writer = stdio::output(protocol_stdout()?)?;
+    serve(handler, stdio::input()?, writer).await
 }
 
 /// Serve `handler` over any byte stream pair: the loop behind [`serve_stdio`].
@@ -157,14 +160,14 @@ pub fn init_logging() {
 }
 
 /// A handle on the real stdout for the protocol, with descriptor 1 then pointed at stderr.
-fn protocol_stdout() -> io::Result<tokio::fs::File> {
+fn protocol_stdout() -> io::Result<OwnedFd> {
     let protocol = io::stdout().as_fd().try_clone_to_owned()?;
     // SAFETY: dup2 only swaps which open file descriptor 1 refers to; both descriptors belong to
     // this process and stay open. Nothing holds a borrowed fd 1 across this call.
     if unsafe { libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(tokio::fs::File::from_std(std::fs::File::from(protocol)))
+    Ok(protocol)
 }
 
 /// Passes reads through and wakes `closed` once the stream has ended.
