@@ -196,6 +196,62 @@ def test_a_socket_for_stdin_and_stdout_is_served(built: tuple[Path, BuildOutput,
     _check_greeted(_answers(got))
 
 
+def _greet_over_pipes(child: subprocess.Popen[bytes]) -> dict[int, dict[str, Any]]:
+    """initialize and one greet written to the child's stdin; the answers read from its stdout."""
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(_requests(GREET_CALL))
+    child.stdin.flush()
+    got = b""
+    while 2 not in _answers(got):
+        line = child.stdout.readline()
+        assert line, f"the child closed stdout early: {got!r}"
+        got += line
+    return _answers(got)
+
+
+def _pipe_fds_nonblocking(pid: int, pipe_fd: int) -> dict[int, bool]:
+    """The child's descriptors on the same pipe as our `pipe_fd`, each with whether its open file
+    is non-blocking (from /proc: what the SDK chose, seen from outside)."""
+    wanted = f"pipe:[{os.fstat(pipe_fd).st_ino}]"
+    found = {}
+    for link in Path(f"/proc/{pid}/fd").iterdir():
+        if os.readlink(link) == wanted:
+            flags = (Path(f"/proc/{pid}/fdinfo") / link.name).read_text().split("flags:")[1].split()[0]
+            found[int(link.name)] = bool(int(flags, 8) & os.O_NONBLOCK)
+    return found
+
+
+def test_pipes_are_polled_and_stdout_shared_with_stderr_is_not(
+    built: tuple[Path, BuildOutput, Path], tmp_path: Path
+) -> None:
+    # Separate pipes (as the runtime gives them): both made non-blocking for the reactor.
+    # fd 1 itself is pointed at stderr; the protocol is written on a duplicate of the old fd 1.
+    child = _spawn(built, tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _check_greeted(_greet_over_pipes(child))
+        assert child.stdin is not None and child.stdout is not None
+        into = _pipe_fds_nonblocking(child.pid, child.stdin.fileno())
+        assert 0 in into and all(into.values()), into  # fd 0 and the reactor's duplicate of it
+        out = _pipe_fds_nonblocking(child.pid, child.stdout.fileno())
+        assert 1 not in out and list(out.values()) == [True], out
+    finally:
+        child.kill()
+        child.wait()
+    # stdout and stderr on one pipe (`2>&1`): a non-blocking stdout would make stderr so too, and
+    # a full pipe would then drop log lines; the SDK leaves it blocking and still answers.
+    child = _spawn(built, tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _check_greeted(_greet_over_pipes(child))
+        assert child.stdin is not None and child.stdout is not None
+        shared = _pipe_fds_nonblocking(child.pid, child.stdout.fileno())
+        assert {1, 2} <= set(shared) and not any(shared.values()), shared
+        child.stdin.close()
+        assert child.wait(timeout=5) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
 SDK_TARGET = CACHE / "sdk-test-target"
 
 
