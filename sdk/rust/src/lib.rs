@@ -75,9 +75,10 @@ pub mod prelude {
 /// pointed at stderr, so a stray `println!` in a tool lands in the logs instead of corrupting
 /// the JSON-RPC stream. When stdin and stdout are pipes or sockets (as the runtime gives them)
 /// they are read and written through tokio's reactor on the runtime's own threads; otherwise
-/// (a regular file, a terminal) through tokio's blocking threads. rmcp runs every request in its own task, so a slow tool does not hold
-/// up other calls; use the multi-thread runtime (`#[tokio::main]`'s default) and
-/// `spawn_blocking` for blocking work so CPU-heavy calls run side by side too.
+/// (a regular file, a terminal) through tokio's blocking threads. rmcp runs every request in
+/// its own task, so a slow tool does not hold up other calls; use the multi-thread runtime
+/// (`#[tokio::main]`'s default) and `spawn_blocking` for blocking work so CPU-heavy calls run
+/// side by side too.
 pub async fn serve_stdio<S: rmcp::ServerHandler>(handler: S) -> Result<(), Error> {
     init_logging();
     match facts() {
@@ -86,8 +87,8 @@ pub async fn serve_stdio<S: rmcp::ServerHandler>(handler: S) -> Result<(), Error
         }
         Err(e) => tracing::info!("serving MCP on stdio ({e})"),
     }
-    let writer = stdio::output(protocol_stdout()?)?;
-    serve(handler, stdio::input()?, writer).await
+    let writer = stdio::output(protocol_stdout()?);
+    serve(handler, stdio::input(), writer).await
 }
 
 /// Serve `handler` over any byte stream pair: the loop behind [`serve_stdio`].

@@ -25,38 +25,36 @@ pub(crate) type Input = Either<Polled, tokio::io::Stdin>;
 pub(crate) type Output = Either<Polled, tokio::fs::File>;
 
 /// stdin for the protocol. Must be called inside a tokio runtime.
-pub(crate) fn input() -> io::Result<Input> {
+pub(crate) fn input() -> Input {
     let stdin = io::stdin();
     let fd = stdin.as_fd();
-    if !pollable(fd)? {
-        return Ok(Either::Right(tokio::io::stdin()));
+    if pollable(fd) {
+        match Polled::new(fd, Interest::READABLE) {
+            Ok(polled) => return Either::Left(polled),
+            Err(e) => tracing::debug!("stdin read on tokio's blocking threads: {e}"),
+        }
     }
-    match Polled::new(fd, Interest::READABLE) {
-        Ok(polled) => Ok(Either::Left(polled)),
-        Err(_) => Ok(Either::Right(tokio::io::stdin())),
-    }
+    Either::Right(tokio::io::stdin())
 }
 
 /// `protocol`, the descriptor stdout was before fd 1 was pointed at stderr, for the protocol.
 /// Must be called inside a tokio runtime.
-pub(crate) fn output(protocol: OwnedFd) -> io::Result<Output> {
-    if !pollable(protocol.as_fd())? || same_file(protocol.as_fd(), io::stderr().as_fd()) {
-        return Ok(Either::Right(thread_backed(protocol)));
+pub(crate) fn output(protocol: OwnedFd) -> Output {
+    let fd = protocol.as_fd();
+    if pollable(fd) && !same_file(fd, io::stderr().as_fd()) {
+        match Polled::new(fd, Interest::WRITABLE) {
+            Ok(polled) => return Either::Left(polled), // holds its own duplicate of `protocol`
+            Err(e) => tracing::debug!("stdout written on tokio's blocking threads: {e}"),
+        }
     }
-    match Polled::new(protocol.as_fd(), Interest::WRITABLE) {
-        Ok(polled) => Ok(Either::Left(polled)), // holds its own duplicate of `protocol`
-        Err(_) => Ok(Either::Right(thread_backed(protocol))),
-    }
+    Either::Right(tokio::fs::File::from_std(File::from(protocol)))
 }
 
-fn thread_backed(fd: OwnedFd) -> tokio::fs::File {
-    tokio::fs::File::from_std(File::from(fd))
-}
-
-/// Whether epoll may watch `fd` without side effects on others: a pipe or a socket.
-fn pollable(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let mode = fstat(fd)?.st_mode & libc::S_IFMT;
-    Ok(mode == libc::S_IFIFO || mode == libc::S_IFSOCK)
+/// Whether epoll may watch `fd` without side effects on others: a pipe or a socket. (A
+/// descriptor fstat fails on is left to the thread-backed types, which report it when used.)
+fn pollable(fd: BorrowedFd<'_>) -> bool {
+    let mode = fstat(fd).map_or(0, |stat| stat.st_mode & libc::S_IFMT);
+    mode == libc::S_IFIFO || mode == libc::S_IFSOCK
 }
 
 fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
@@ -187,7 +185,7 @@ mod tests {
     #[tokio::test]
     async fn a_pipe_is_polled_both_ways_and_reads_to_its_end() {
         let (read, write) = pipe();
-        assert!(pollable(read.as_fd()).unwrap() && pollable(write.as_fd()).unwrap());
+        assert!(pollable(read.as_fd()) && pollable(write.as_fd()));
         let mut reader = Polled::new(read.as_fd(), Interest::READABLE).unwrap();
         let mut writer = Polled::new(write.as_fd(), Interest::WRITABLE).unwrap();
         drop((read, write)); // the Polled hold their own duplicates
@@ -208,7 +206,7 @@ mod tests {
     #[tokio::test]
     async fn a_socket_is_pollable() {
         let (a, _b) = UnixStream::pair().unwrap();
-        assert!(pollable(a.as_fd()).unwrap());
+        assert!(pollable(a.as_fd()));
     }
 
     #[tokio::test]
@@ -216,12 +214,12 @@ mod tests {
         let path = std::env::temp_dir().join(format!("mesh-sdk-stdio-{}", std::process::id()));
         let file = File::create(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert!(!pollable(file.as_fd()).unwrap());
+        assert!(!pollable(file.as_fd()));
         // Even asked directly, epoll refuses a regular file, and the file is left blocking.
         assert!(Polled::new(file.as_fd(), Interest::WRITABLE).is_err());
         assert!(!nonblocking(file.as_fd()));
         // output() on it is the thread-backed file, which still writes.
-        let Either::Right(mut file) = output(file.into()).unwrap() else {
+        let Either::Right(mut file) = output(file.into()) else {
             panic!("a regular file was polled");
         };
         file.write_all(b"still written\n").await.unwrap();
