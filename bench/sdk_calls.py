@@ -239,8 +239,9 @@ async def run(
         print(f"round {r + 1}/{rounds} done", flush=True)
     load = os.getloadavg()
     print(f"\nSDK children against a raw Python child: {rounds} round(s), {calls} calls per phase, medians;")
-    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; before = sdk/python at {before},")
-    print(f"rust before = sdk/rust at {rust_before}")
+    befores = [f"before = sdk/python at {before}"] * any(n.startswith("sdk") for n in kids)
+    befores += [f"rust before = sdk/rust at {rust_before}"] * ("rust" in kids)
+    print(f"load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" + "".join(f"; {b}" for b in befores))
     print(
         f"{'child':18} {'start-up s':>10} {'CPU us/call seq':>16} {'CPU us/call @32':>16}   ratios to raw (start, seq, @32)"
     )
