@@ -299,9 +299,17 @@ def test_node_and_service_units_verify_together(tmp_path: Path) -> None:
 
 @pytest.fixture
 def outside_tmp() -> Iterator[Path]:
-    """A scratch folder outside /tmp (the node's unit refuses folders its PrivateTmp would hide)."""
-    (REPO / ".cache").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="units-", dir=REPO / ".cache"))
+    """A scratch folder outside /tmp and /var/tmp (the node's unit refuses folders its PrivateTmp
+    would hide): in the checkout, or under the user's home when the checkout is in /tmp."""
+    private = (Path("/tmp"), Path("/var/tmp"))
+    bases = [REPO / ".cache", Path.home() / ".cache" / "mesh-tests"]
+    base = next((b for b in bases if not any(t == b or t in b.parents for t in private)), None)
+    if base is None:
+        pytest.fail(
+            f"no scratch folder outside /tmp and /var/tmp: the checkout and HOME ({Path.home()}) are both in one"
+        )
+    base.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="units-", dir=base))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
