@@ -8,26 +8,14 @@ it back; a stop ends it. A real process is in tests/test_services.py.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from launcher.process import ChildSpec
 from launcher.service import ServiceRunner, ServiceSpec
-from tests.support.fake_child import FAST_RESTART, Behaviour, Script
+from tests.support.fake_child import FAST_RESTART, Behaviour, Script, StateRecording
 
 
-class Recording(ServiceRunner):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        self.states: list[str] = []
-        super().__init__(*args, **kw)
-
-    def _set_state(self, state: str) -> None:
-        self.states.append(state)
-        super()._set_state(state)
-
-    async def reach(self, state: str, timeout: float = 2.0) -> None:
-        async with asyncio.timeout(timeout):
-            while self.state != state:
-                await asyncio.sleep(0.002)
+class Recording(StateRecording, ServiceRunner):
+    """A service runner that keeps every state it went through, in order."""
 
 
 def spec() -> ServiceSpec:

@@ -18,6 +18,7 @@ import pytest
 from launcher import supervise as supervise_module
 from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerSpec
 from launcher.process import ChildSpec
+from launcher.supervise import Supervised
 
 _pids = itertools.count(40_000)
 
@@ -205,8 +206,8 @@ def runner_spec(
     )
 
 
-class RecordingRunner(BundleRunner):
-    """A runner that keeps every state it went through, in order."""
+class StateRecording(Supervised):
+    """Mixed in before a runner class (tools or service): keeps every state it went through, in order."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         self.states: list[str] = []
@@ -220,6 +221,10 @@ class RecordingRunner(BundleRunner):
         async with asyncio.timeout(timeout):
             while self.state != state:
                 await asyncio.sleep(0.002)
+
+
+class RecordingRunner(StateRecording, BundleRunner):
+    """A tools runner that keeps every state it went through, in order."""
 
 
 @pytest.fixture
