@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"testing"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // BenchmarkToolsCall is one tools/call after another through the SDK's server, as the node
@@ -23,15 +21,7 @@ func BenchmarkToolsCall(b *testing.B) {
 	AddTool(server, "echo", "Answer with the text.", func(_ context.Context, in echoIn) (string, any, error) {
 		return in.Text, nil, nil
 	})
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = server.Run(ctx, cancelAware{&mcp.IOTransport{Reader: inR, Writer: outW}})
-	}()
-	defer func() { inW.Close(); cancel(); <-done }()
+	inW, outR := servePipes(b, server)
 	answers := bufio.NewReader(outR)
 	ask := func(line string) {
 		if _, err := io.WriteString(inW, line+"\n"); err != nil {

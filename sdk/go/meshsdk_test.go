@@ -232,10 +232,11 @@ func TestParseCaller(t *testing.T) {
 	}
 }
 
-// rawSession serves server (through the SDK's cancel-aware transport, as Serve does) on a
-// pipe and returns a writer of raw JSON-RPC lines and a reader that fails after a timeout.
-func rawSession(t *testing.T, server *mcp.Server) (send func(string), next func(time.Duration) map[string]any) {
-	t.Helper()
+// servePipes runs server (through the SDK's cancel-aware transport, as Serve does) on a pair of
+// pipes until the test or benchmark ends: it returns the end requests are written to and the
+// end answers are read from.
+func servePipes(tb testing.TB, server *mcp.Server) (io.WriteCloser, io.Reader) {
+	tb.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -244,7 +245,15 @@ func rawSession(t *testing.T, server *mcp.Server) (send func(string), next func(
 		defer close(done)
 		_ = server.Run(ctx, cancelAware{&mcp.IOTransport{Reader: inR, Writer: outW}})
 	}()
-	t.Cleanup(func() { inW.Close(); cancel(); <-done })
+	tb.Cleanup(func() { inW.Close(); cancel(); <-done })
+	return inW, outR
+}
+
+// rawSession serves server (through the SDK's cancel-aware transport, as Serve does) on a
+// pipe and returns a writer of raw JSON-RPC lines and a reader that fails after a timeout.
+func rawSession(t *testing.T, server *mcp.Server) (send func(string), next func(time.Duration) map[string]any) {
+	t.Helper()
+	inW, outR := servePipes(t, server)
 	lines := make(chan map[string]any, 64)
 	go func() {
 		dec := json.NewDecoder(outR)
