@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,18 @@ def _handlers(log: list[str]) -> tuple[Any, Any]:
     return on_request, on_notify
 
 
-async def serve(wire: Wire, log: list[str]) -> None:
-    await wire.dispatcher.run(*_handlers(log))
+@asynccontextmanager
+async def serving() -> AsyncIterator[tuple[Wire, list[str]]]:
+    """A dispatcher running on a fresh wire, the handlers' log; stdin closes at the end."""
+    wire, log = Wire(), list[str]()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wire.dispatcher.run, *_handlers(log))
+        yield wire, log
+        wire.close()
 
 
 async def test_requests_are_answered_by_id_and_a_slow_one_holds_none_up() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "sleep", {"seconds": 0.5})
         wire.request(2, "hello")
         wire.send(b"this is not json")  # dropped, as the library's dispatcher drops it
@@ -124,24 +129,18 @@ async def test_requests_are_answered_by_id_and_a_slow_one_holds_none_up() -> Non
         assert [first["id"], second["id"]] == [2, 3]
         assert first == {"jsonrpc": "2.0", "id": 2, "result": {"method": "hello", "id": 2}}
         assert (await wire.read())["id"] == 1
-        wire.close()
 
 
 async def test_initialize_is_done_before_the_next_message_is_read() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "initialize")
         wire.request(2, "hello")
         assert [(await wire.read())["id"], (await wire.read())["id"]] == [1, 2]
         assert log == ["initialize", "initialize done", "hello"]
-        wire.close()
 
 
 async def test_a_cancelled_call_is_never_answered_and_the_others_are() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "sleep", {"seconds": 30})
         await asyncio.sleep(0.05)
         wire.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
@@ -150,13 +149,10 @@ async def test_a_cancelled_call_is_never_answered_and_the_others_are() -> None:
         await wire.nothing_more()
         assert "sleep cancelled" in log  # the handler was stopped, not just left unanswered
         assert "note notifications/cancelled" in log  # still handed to the server, as the library does
-        wire.close()
 
 
 async def test_errors_reach_the_node_as_the_library_maps_them() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "refuse")
         wire.request(2, "validate", {"n": "not a number"})
         wire.request(3, "crash")
@@ -164,29 +160,22 @@ async def test_errors_reach_the_node_as_the_library_maps_them() -> None:
         assert got[1] == {"code": -32050, "message": "not today", "data": {"why": "test"}}
         assert got[2] == {"code": -32602, "message": "Invalid request parameters", "data": ""}
         assert got[3] == {"code": 0, "message": "boom"}
-        wire.close()
 
 
 async def test_a_raising_notification_handler_does_not_stop_the_loop() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.send({"jsonrpc": "2.0", "method": "notifications/explode"})
         wire.request(1, "hello")
         assert (await wire.read())["id"] == 1
         assert "note notifications/explode" in log
-        wire.close()
 
 
 async def test_calls_still_running_when_stdin_closes_are_answered_connection_closed() -> None:
-    wire, log = Wire(), list[str]()
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve, wire, log)
+    with anyio.fail_after(5):  # the end of `serving` closes stdin, and waits for the dispatcher to end
+        async with serving() as (wire, _):
             wire.request(1, "sleep", {"seconds": 30})
             wire.request(2, "sleep", {"seconds": 30})
             await asyncio.sleep(0.05)
-            wire.close()
     got = sorted([await wire.read(), await wire.read()], key=lambda m: m["id"])
     assert [(m["id"], m["error"]) for m in got] == [
         (i, {"code": -32000, "message": "Connection closed"}) for i in (1, 2)
@@ -194,9 +183,7 @@ async def test_calls_still_running_when_stdin_closes_are_answered_connection_clo
 
 
 async def test_progress_goes_out_with_the_callers_token_and_not_without_one() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "progress", {"_meta": {"progressToken": "t-1"}})
         assert await wire.read() == {
             "jsonrpc": "2.0",
@@ -206,13 +193,10 @@ async def test_progress_goes_out_with_the_callers_token_and_not_without_one() ->
         assert (await wire.read())["id"] == 1
         wire.request(2, "progress")
         assert (await wire.read())["id"] == 2  # the answer, and no progress before it
-        wire.close()
 
 
 async def test_a_request_to_the_node_is_matched_to_its_answer_or_times_out() -> None:
-    wire, log = Wire(), list[str]()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve, wire, log)
+    async with serving() as (wire, log):
         wire.request(1, "ask")
         asked = await wire.read()
         assert asked["method"] == "roots/list"
@@ -231,4 +215,3 @@ async def test_a_request_to_the_node_is_matched_to_its_answer_or_times_out() -> 
         assert cancel["method"] == "notifications/cancelled" and cancel["params"]["requestId"] == asked["id"]
         answer = await wire.read()
         assert answer["id"] == 3 and answer["error"]["code"] == -32001  # REQUEST_TIMEOUT
-        wire.close()
