@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mesh import MESHCTL, RAW_CHILD, ROOT, call, client, status, wait_state
+from tests.support.mesh import MESHCTL, RAW_CHILD, ROOT, call, client, status, wait_for, wait_state
 from toolchains.artifact import ArtifactMeta, pack
 
 pytestmark = pytest.mark.slow
@@ -49,17 +49,10 @@ def meshctl(*args: str, url: str) -> subprocess.CompletedProcess[str]:
 
 
 async def wait_call(nc, subject: str, args: dict, ok, timeout: float = 20):
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = await call(nc, subject, args, timeout=5)
-            if ok(last):
-                return last
-        except Exception as e:  # no responders while the module is not served yet
-            last = e
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{subject} never answered as expected; last: {last}")
+    # Any error is "not yet": no responders while the module is not served yet.
+    return await wait_for(
+        lambda: call(nc, subject, args, timeout=5), f"{subject} answering as expected", timeout, 0.1, ok, (Exception,)
+    )
 
 
 async def test_deliver_upgrade_remove_redeliver(tmp_path: Path, node_factory, nats_server) -> None:

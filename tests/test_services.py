@@ -28,7 +28,7 @@ import pytest
 from launcher.supervise import describe_exit
 from runtime.config import NodeConfig, ServicesConfig
 from runtime.hosting import choose_host
-from tests.support.mesh import FAST_CONFIG, MESHCTL, RAW_CHILD, ROOT, alive, call, client, status, wait_state
+from tests.support.mesh import FAST_CONFIG, MESHCTL, RAW_CHILD, ROOT, alive, call, client, status, wait_for, wait_state
 from toolchains.artifact import ArtifactMeta, pack
 
 pytestmark = pytest.mark.slow
@@ -164,17 +164,8 @@ async def beating(data: Path, version: str, pid: int) -> bool:
 
 
 async def until(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()
-            if last:
-                return last
-        except Exception as e:  # not served yet, no responders while a node starts
-            last = e
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s; last: {last}")
+    # Any error is "not yet": a node starting has no responders, a status no such bundle yet.
+    return await wait_for(check, what, timeout, every=0.1, not_yet=(Exception,))
 
 
 async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Path, node_factory, nats_server) -> None:

@@ -7,13 +7,11 @@ Every process started here is ended by the fixture that started it, whatever the
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -137,25 +135,6 @@ def config(**changes: str) -> str:
         key = line.split("=", 1)[0].strip()
         lines.append(f"{key} = {changes[key]}" if key in changes else line)
     return "\n".join(lines) + "\n"
-
-
-async def wait_for(check: Callable[[], Any], what: str, timeout: float = 15, every: float = 0.05) -> Any:
-    """Poll `check` (plain or async) until it gives something true; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if inspect.isawaitable(last):
-                last = await last
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, KeyError, OSError) as e:
-            last = e
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s; last {last!r}")
-        await asyncio.sleep(every)
 
 
 async def call_retrying(

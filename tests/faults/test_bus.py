@@ -17,8 +17,8 @@ import nats
 import pytest
 
 from runtime.bus import free_port
-from tests.faults.conftest import call_retrying, config, wait_for
-from tests.support.mesh import bundle_status, call, client, make_module, status, wait_state
+from tests.faults.conftest import call_retrying, config
+from tests.support.mesh import bundle_status, call, client, make_module, status, wait_for, wait_state
 
 MB = 1024 * 1024
 

@@ -19,8 +19,8 @@ from typing import Any, Awaitable, Callable
 import pytest
 
 from launcher.cgroup import Cgroups
-from tests.faults.conftest import config, meshctl, wait_for
-from tests.support.mesh import alive, bundle_status, call, client, make_module, status, wait_state
+from tests.faults.conftest import config, meshctl
+from tests.support.mesh import alive, bundle_status, call, client, make_module, status, wait_for, wait_state
 
 RSS_LIMIT_MB = 300
 

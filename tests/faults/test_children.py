@@ -14,8 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import config, meshctl, start_times, wait_for
-from tests.support.mesh import alive, bundle_status, call, client, make_module, marked_processes, status, wait_state
+from tests.faults.conftest import config, meshctl, start_times
+from tests.support.mesh import (
+    alive,
+    bundle_status,
+    call,
+    client,
+    make_module,
+    marked_processes,
+    status,
+    wait_for,
+    wait_state,
+)
 
 
 async def test_sigkill_with_50_calls_in_flight_answers_each_503_within_a_second(tmp_path: Path, node_factory) -> None:

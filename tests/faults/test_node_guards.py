@@ -19,10 +19,10 @@ import nats
 import pytest
 
 from runtime.bus import free_port
-from tests.faults.conftest import meshctl, wait_for
+from tests.faults.conftest import meshctl
 from tests.faults.security_support import ConfiguredServer
 from tests.support import mesh
-from tests.support.mesh import NodeProcess, call, make_module, marked_processes, wait_state
+from tests.support.mesh import NodeProcess, call, make_module, marked_processes, wait_for, wait_state
 
 SECRET = "url-secret-9d2"
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from tests.faults.conftest import wait_for
-from tests.support.mesh import alive, bundle_status, call, client, make_module, marked_processes, wait_state
+from tests.support.mesh import alive, bundle_status, call, client, make_module, marked_processes, wait_for, wait_state
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import nats
 from nats.aio.client import Client
@@ -200,18 +201,46 @@ async def bundle_status(nc: Client, node: str, key: str) -> dict[str, Any]:
     raise KeyError(key)
 
 
-async def wait_state(nc: Client, node: str, key: str, state: str, timeout: float = 15) -> dict[str, Any]:
+# What a check may raise while what it waits for is not there yet (a node starting, a status without the key).
+NOT_YET: tuple[type[BaseException], ...] = (nats.errors.TimeoutError, nats.errors.NoRespondersError, KeyError, OSError)
+
+
+async def wait_for(
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = 15,
+    every: float = 0.05,
+    ok: Callable[[Any], Any] = bool,
+    not_yet: tuple[type[BaseException], ...] = NOT_YET,
+) -> Any:
+    """Poll `check` (plain or async) until `ok` says yes to what it gives (by default: something
+    true); that value is returned. Fails naming `what` and the last value or `not_yet` error."""
     deadline = time.monotonic() + timeout
-    last: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+    last: Any = None
+    while True:
         try:
-            last = await bundle_status(nc, node, key)
-            if last["state"] == state:
+            last = check()
+            if inspect.isawaitable(last):
+                last = await last
+        except not_yet as e:
+            last = e
+        else:
+            if ok(last):
                 return last
-        except (KeyError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{key} did not reach {state} within {timeout} s; last status {last}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; last {last!r}")
+        await asyncio.sleep(every)
+
+
+async def wait_state(nc: Client, node: str, key: str, state: str, timeout: float = 15) -> dict[str, Any]:
+    status: dict[str, Any] = await wait_for(
+        lambda: bundle_status(nc, node, key),
+        f"{key} reaching {state}",
+        timeout,
+        ok=lambda last: last["state"] == state,
+        not_yet=(KeyError, nats.errors.TimeoutError, nats.errors.NoRespondersError),
+    )
+    return status
 
 
 async def call(
