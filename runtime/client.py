@@ -26,7 +26,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from .callproto import (
+from runtime.calls.objects import DEFAULT_CAP, put_request
+from runtime.wire.callproto import (
     CALL_ID,
     DEFAULT_BUCKET,
     FRAME,
@@ -44,8 +45,7 @@ from .callproto import (
     cancel_subject,
     fetch_subject,
 )
-from .errors import HEADER_CODE, HEADER_TEXT
-from .objects import DEFAULT_CAP, put_request
+from runtime.wire.errors import HEADER_CODE, HEADER_TEXT
 
 HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
 REPLY_GRACE_S = 2.0  # how long past its deadline a caller waits for the node's own 504

@@ -5,7 +5,7 @@ name = "node-a"
 state_dir = "/var/lib/mesh-node"
 manifests = "/srv/modules"         # serve every module folder under it, from source
 child_user = "mesh"                # run children as this user (needs root)
-secrets = "/etc/mesh/secrets.toml"  # API keys per bundle, readable by the node alone (runtime/secrets.py)
+secrets = "/etc/mesh/secrets.toml"  # API keys per bundle, readable by the node alone (runtime/hosting/secrets.py)
 
 [nats]
 url = "nats://10.0.0.1:4222,nats://10.0.0.2:4222"   # none: start the embedded server
@@ -60,11 +60,10 @@ import msgspec
 
 from launcher.bundle import HealthPolicy, RestartPolicy
 from manifests.load import name_problem
+from runtime.calls.desk import CallSettings
+from runtime.wire.identity import check_local
 from toolchains.artifact import ArtifactLimits
 from toolchains.cache_bound import CacheBound, bound_problem
-
-from .calls import CallSettings
-from .identity import check_local
 
 # The embedded bus's own account and the user its nodes connect as.
 MESH_ACCOUNT = "MESH"
@@ -90,7 +89,7 @@ class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     tls_key: str | None = None
     # The embedded server's port when no url is set; 0 picks a free one.
     embedded_port: int = 4222
-    # Embedded server only: caller accounts importing the mesh's subjects (see runtime/accounts.py).
+    # Embedded server only: caller accounts importing the mesh's subjects (see runtime/bus/accounts.py).
     caller: list[CallerAccount] = []
 
 
@@ -110,7 +109,7 @@ class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ServicesConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """How the node runs service bundles (runtime/hosting.py)."""
+    """How the node runs service bundles (runtime/hosting/services.py)."""
 
     # auto: as systemd units where systemd runs the machine and started the node, and unit_dir is writable, else
     # supervised by the node itself; node / systemd: that one (systemd without systemd is named).
@@ -126,7 +125,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     manifests: str | None = None
     child_user: str | None = None
     child_group: str | None = None
-    secrets: str | None = None  # a file of secrets per bundle, mode 0600 (runtime/secrets.py)
+    secrets: str | None = None  # a file of secrets per bundle, mode 0600 (runtime/hosting/secrets.py)
     queue_group: str = "mesh"
     # Watch this node's membership in JetStream KV and run what is delivered to it.
     membership: bool = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.accounts import EmbeddedAccounts
+from runtime.bus.accounts import EmbeddedAccounts
 from runtime.config import CallerAccount
 
 

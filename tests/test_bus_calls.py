@@ -23,7 +23,8 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from runtime.callproto import (
+from runtime.client import MeshClient, NodeRefused, NodeSilent, NoResponders, tool_result
+from runtime.wire.callproto import (
     CALL_ID,
     FRAME,
     PROGRESS,
@@ -33,7 +34,6 @@ from runtime.callproto import (
     ProgressFrame,
     cancel_subject,
 )
-from runtime.client import MeshClient, NodeRefused, NodeSilent, NoResponders, tool_result
 from tests.support.mesh import (
     FAST_CONFIG,
     MESHCTL,

@@ -18,8 +18,8 @@ import anyio
 import nats
 import pytest
 
-from runtime.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject, fetch_subject
 from runtime.client import CallError, MeshClient, tool_result
+from runtime.wire.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject, fetch_subject
 from tests.faults.security_support import ConfiguredServer, node_config
 from tests.support.mesh import NodeProcess, make_module
 

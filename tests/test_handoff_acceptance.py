@@ -8,7 +8,7 @@ A replies, B blocks; it never reaches the human. The test starts both and then o
 
 Two ways the agents reach the seat, the same two agent processes in both:
 - over the bus (`test_two_agents_over_the_bus`): a nats-server with the mesh account and one
-  account per agent (runtime/accounts.py writes the block), a real node serving bundles/handoff,
+  account per agent (runtime/bus/accounts.py writes the block), a real node serving bundles/handoff,
   each agent on its own connection. The server stamps each request with the agent's account and
   user, and the node passes exactly that to the child as `_meta["mesh/caller"]`: the opener and
   the owner in the log are the server's names for the agents. The clocks run here too, with
@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from runtime.accounts import accounts_block
+from runtime.bus.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer
 from tests.support.mesh import FAST_CONFIG, NodeProcess, client, wait_state
 from tests.support.sdk import build_context, facts_env, require

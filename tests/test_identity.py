@@ -14,7 +14,7 @@ import pytest
 
 from launcher.session import Session
 from runtime.config import ConfigError, load_config
-from runtime.identity import (
+from runtime.wire.identity import (
     CALLER_KEY,
     REQUEST_INFO,
     Caller,

@@ -16,8 +16,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from runtime.lease import LEASE_BUCKET, Found, Held, HomeRecord, LeaseLost, LeaseRecord, SeatLeases, seat_key
-from runtime.seat_keeper import SeatKeeper
+from runtime.seats.keeper import SeatKeeper
+from runtime.wire.leases import LEASE_BUCKET, Found, Held, HomeRecord, LeaseLost, LeaseRecord, SeatLeases, seat_key
 from tests.support.mesh import NatsServer
 
 

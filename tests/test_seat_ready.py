@@ -18,12 +18,12 @@ import pytest
 from nats.aio.client import Client
 
 from manifests import load_module
-from runtime.bus import free_port
+from runtime.bus.connect import free_port
+from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.config import NodeConfig
-from runtime.lease import Held, LeaseRecord, SeatLeases
-from runtime.placement import from_source
-from runtime.routes import ModuleEntry, RouteTable
-from runtime.seats import LOOKING, SERVING, STANDBY, Seats, shown_state, stateful_seats, wanted_seats
+from runtime.hosting.placement import from_source
+from runtime.seats.seats import LOOKING, SERVING, STANDBY, Seats, shown_state, stateful_seats, wanted_seats
+from runtime.wire.leases import Held, LeaseRecord, SeatLeases
 from tests.support.mesh import FAST_CONFIG, NatsServer, NodeProcess, client, make_module, status
 
 

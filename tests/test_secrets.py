@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.secrets import SecretsError, bundle_secrets
+from runtime.hosting.secrets import SecretsError, bundle_secrets
 from tests.support.mesh import FAST_CONFIG, call, client, make_module, wait_state
 from toolchains.artifact import ArtifactMeta, platform_problem
 

@@ -27,7 +27,7 @@ import pytest
 
 from launcher.supervise import describe_exit
 from runtime.config import NodeConfig, ServicesConfig
-from runtime.hosting import choose_host
+from runtime.hosting.services import choose_host
 from tests.support.mesh import FAST_CONFIG, MESHCTL, RAW_CHILD, ROOT, alive, call, client, status, wait_for, wait_state
 from toolchains.artifact import ArtifactMeta, pack
 
@@ -397,8 +397,8 @@ def test_services_run_as_systemd_units_where_systemd_is_pid_1(tmp_path: Path) ->
             "writes are checked with systemd-analyze verify in tests/test_units.py"
         )
     from manifests import load_module
-    from runtime.hosting import SystemdService
-    from runtime.placement import from_source
+    from runtime.hosting.placement import from_source
+    from runtime.hosting.services import SystemdService
 
     folder = module_source(tmp_path / "hosted")
     (folder / "module.toml").write_text(manifest("1.0.0", tmp_path / "s.log").replace('source = "src"', 'source = "."'))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from manifests import load_module
-from runtime.placement import from_source
-from runtime.units import (
+from runtime.hosting.placement import from_source
+from runtime.hosting.units import (
     NODE_UNIT,
     UnitError,
     build_services,
@@ -356,11 +356,11 @@ def test_two_bundles_that_would_share_a_unit_name_are_refused(tmp_path: Path) ->
 
 @pytest.mark.toolchain("go")
 def test_the_node_writes_hello_services_unit_as_meshctl_node_units_does(tmp_path: Path) -> None:
-    """The unit a node under systemd writes for a service bundle (runtime/hosting.py) is the one
+    """The unit a node under systemd writes for a service bundle (runtime/hosting/services.py) is the one
     `meshctl node units` writes, and systemd reads it clean. Starting it needs systemd as PID 1:
     tests/test_services.py says when that could not run."""
     from runtime.config import NodeConfig, ServicesConfig
-    from runtime.hosting import SystemdService
+    from runtime.hosting.services import SystemdService
 
     state = tmp_path / "state"
     placement = from_source(load_module(REPO / "bundles" / "hello-service"))
@@ -383,8 +383,8 @@ def test_the_node_writes_hello_services_unit_as_meshctl_node_units_does(tmp_path
 def test_a_delivered_service_gets_its_unit_from_the_unpacked_artifact(tmp_path: Path) -> None:
     """Delivered, a compiled service is not built again: the unit runs the artifact's binary."""
     from runtime.config import NodeConfig, ServicesConfig
-    from runtime.hosting import SystemdService
-    from runtime.placement import Placement
+    from runtime.hosting.placement import Placement
+    from runtime.hosting.services import SystemdService
     from toolchains.artifact import verify_and_unpack
     from toolchains.build import build_module
 

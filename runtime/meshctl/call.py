@@ -14,8 +14,8 @@ from typing import Any, TextIO
 import anyio
 from nats.aio.client import Client
 
-from runtime.callproto import ProgressFrame
 from runtime.client import CallError, MeshClient, NodeRefused
+from runtime.wire.callproto import ProgressFrame
 from toolchains.progress import LiveLine
 
 BAR_WIDTH = 30

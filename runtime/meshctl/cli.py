@@ -29,21 +29,12 @@ from nats.js.errors import APIError as JetStreamError
 from manifests import ManifestError, load_module
 from manifests.check import RUNTIME_IMAGES, check_path, third_party
 from manifests.imported import LockError, read_lock
-from runtime.bus import BusError, connect
+from runtime.bus.connect import BusError, connect
+from runtime.bus.service_api import collect_infos
 from runtime.config import ConfigError, NatsConfig, NodeConfig, finish, node_name_problem
-from runtime.delivery import DeliveryError
-from runtime.meshctl.call import run_call
-from runtime.meshctl.deliver import deliver, remove
-from runtime.meshctl.imports import ImportFailed, SpecError, import_package
-from runtime.meshctl.imports.core import SOURCE
-from runtime.meshctl.mcp import add_parser as add_mcp_parser
-from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
-from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
-from runtime.meshctl.smoke import run_smoke
-from runtime.node import Node
-from runtime.placement import Placement, load_placements
-from runtime.service import collect_infos
-from runtime.units import (
+from runtime.delivery.reconciler import DeliveryError
+from runtime.hosting.placement import Placement, load_placements
+from runtime.hosting.units import (
     NODE_UNIT,
     SYSTEM_STATE_DIR,
     UnitError,
@@ -53,6 +44,15 @@ from runtime.units import (
     service_units,
     write_node_unit,
 )
+from runtime.meshctl.call import run_call
+from runtime.meshctl.deliver import deliver, remove
+from runtime.meshctl.imports import ImportFailed, SpecError, import_package
+from runtime.meshctl.imports.core import SOURCE
+from runtime.meshctl.mcp import add_parser as add_mcp_parser
+from runtime.meshctl.seats import SeatAdminError, adopt, move, seat_rows
+from runtime.meshctl.settings import CliError, bus_options, client_config, node_config
+from runtime.meshctl.smoke import run_smoke
+from runtime.node.node import Node
 from toolchains.artifact import ArtifactError
 from toolchains.base import BuildFailed, ToolchainMissing
 from toolchains.build import BuildError, build_module, find_repo_root
@@ -246,7 +246,7 @@ def cmd_node_restart(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- node unit(s): systemd units (runtime/units.py) ---------------------------------------------
+# --- node unit(s): systemd units (runtime/hosting/units.py) ---------------------------------------------
 def cmd_node_unit(args: argparse.Namespace) -> int:
     """`meshctl node unit`: print mesh-node.service, or write it into --out."""
     config = node_config(args)

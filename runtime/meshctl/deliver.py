@@ -1,6 +1,6 @@
 """`meshctl bundle deliver` and `remove`: artifacts into the object store, a node's membership into KV.
 
-The wire (bucket names, `Membership`) and the node's side are in runtime/delivery.py.
+The wire (bucket names, `Membership`) and the node's side are in runtime/delivery/reconciler.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 
 from manifests import ManifestError
 from manifests.check import check_text
-from runtime.delivery import ArtifactRef, DeliveryError, Membership, ModuleRef, buckets, node_key, object_name
+from runtime.delivery.reconciler import (
+    ArtifactRef,
+    DeliveryError,
+    Membership,
+    ModuleRef,
+    buckets,
+    node_key,
+    object_name,
+)
 from toolchains.artifact import ArtifactError, ArtifactMeta, read_meta, sha256_file
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import anyio
 
-from runtime.bus import BusError, connect
-from runtime.face.catalog import Catalog, FaceError, FaceTool, load_selection
-from runtime.face.server import Face
-from runtime.face.transports import http_security, serve_http, serve_stdio
+from runtime.bus.connect import BusError, connect
+from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
+from runtime.meshctl.face.server import Face
+from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
 from runtime.meshctl.settings import CliError, client_config
 
 CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name

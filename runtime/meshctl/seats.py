@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from runtime.lease import HomeRecord, LeaseRecord, SeatLeases
+from runtime.wire.leases import HomeRecord, LeaseRecord, SeatLeases
 
 
 class SeatRow(msgspec.Struct):

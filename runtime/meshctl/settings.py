@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from runtime.bus import read_bus_info
+from runtime.bus.connect import read_bus_info
 from runtime.config import ConfigError, NatsConfig, NodeConfig, default_state_dir, load_config
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runtime.identity import REQUEST_INFO, CallerStamp, local_caller
+from runtime.wire.identity import REQUEST_INFO, CallerStamp, local_caller
 from tests.runtime.test_dispatch import Mesh, end, new_mesh
 from tests.support.fake_child import Script
 

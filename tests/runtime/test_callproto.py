@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from nats.aio.msg import Msg
 
-from runtime.callproto import (
+from runtime.calls.desk import EARLY_CANCELS, CallDesk, CallSettings, call_meta
+from runtime.wire.callproto import (
     CALL_ID,
     KNOWN,
     MAX_VALUE,
@@ -18,8 +19,7 @@ from runtime.callproto import (
     request_account,
     valid_result_name,
 )
-from runtime.calls import EARLY_CANCELS, CallDesk, CallSettings, call_meta
-from runtime.errors import BadRequest
+from runtime.wire.errors import BadRequest
 
 S = "mesh.tool.m.t"
 ID = "abcdefghijklmnop0123"

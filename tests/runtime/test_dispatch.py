@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from runtime.dispatch import Dispatcher
-from runtime.errors import HEADER_CODE
-from runtime.identity import CallerStamp
-from runtime.routes import ModuleEntry, RouteTable
+from runtime.calls.dispatch import Dispatcher
+from runtime.calls.routes import ModuleEntry, RouteTable
+from runtime.wire.errors import HEADER_CODE
+from runtime.wire.identity import CallerStamp
 from tests.support.fake_child import Behaviour, RecordingRunner, Script, runner_spec
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from runtime.face.catalog import Catalog, FaceError, Selection, load_selection
-from runtime.face.names import NAME_PATTERN, assign_names, plain_name
+from runtime.meshctl.face.catalog import Catalog, FaceError, Selection, load_selection
+from runtime.meshctl.face.names import NAME_PATTERN, assign_names, plain_name
 
 
 def test_seat_verbs_and_module_tools() -> None:
@@ -115,7 +115,7 @@ async def test_a_call_while_the_bus_is_away_is_an_error_at_once() -> None:
     from mcp import Client
     from nats.aio.client import Client as Nats
 
-    from runtime.face.server import Face
+    from runtime.meshctl.face.server import Face
 
     face = Face(Nats(), Catalog(Selection()))  # never connected
     face.catalog.rebuild([_info("a", ("mesh.tool.hello.greet", GREET))])

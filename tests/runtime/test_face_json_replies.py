@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 from starlette.types import Message, Receive, Scope, Send
 
-from runtime.face.json_replies import JsonReplies, PerRequest, wants_json
+from runtime.meshctl.face.json_replies import JsonReplies, PerRequest, wants_json
 
 CALL = b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo_echo","arguments":{"text":"hi"}}}'
 CALL_WITH_PROGRESS = (

@@ -12,8 +12,8 @@ from typing import Any, AsyncIterator
 import pytest
 from nats.aio.msg import Msg
 
-from runtime.errors import HEADER_CODE
-from runtime.routes import ModuleEntry, RouteTable
+from runtime.calls.routes import ModuleEntry, RouteTable
+from runtime.wire.errors import HEADER_CODE
 from tests.runtime.test_dispatch import Bus, Mesh
 from tests.support.fake_child import Behaviour, RecordingRunner, Script, echo, runner_spec
 

@@ -13,8 +13,8 @@ from typing import Callable
 
 import anyio
 
-from runtime.callproto import ProgressFrame
 from runtime.client import MeshClient
+from runtime.wire.callproto import ProgressFrame
 from tests.support.mesh import NodeProcess, client, wait_state
 
 

@@ -1,5 +1,5 @@
 """Test support for calls by caller accounts: a nats-server with the mesh account (the nodes')
-and two caller accounts importing its services with `share: true` (runtime/accounts.py writes
+and two caller accounts importing its services with `share: true` (runtime/bus/accounts.py writes
 the block), a node on it, and a connection per caller. The server stamps every request from a
 caller account with `Nats-Request-Info`; the node passes exactly that to the child."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from runtime.accounts import accounts_block
+from runtime.bus.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer, node_config
 from tests.support.mesh import NodeProcess
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
+from runtime.meshctl.imports.core import Fetch, Resolved
 from toolchains.packaged import cargo_env, cargo_home
-
-from .core import Fetch, Resolved
 
 
 def resolve(fetch: Fetch, args: list[str]) -> Resolved:

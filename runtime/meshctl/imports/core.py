@@ -19,9 +19,8 @@ from typing import Callable
 
 from manifests.imported import LANGUAGE_OF, REGISTRIES, PackageLock, encode_lock, lock_path
 from manifests.model import NAME_RE
+from runtime.meshctl.imports.spec import ImportSpec, parse_spec
 from toolchains.packaged import package_cache_dir  # the build reads the same cache
-
-from .spec import ImportSpec, parse_spec
 
 CLIENT_TIMEOUT_S = 900  # a cold cache on a slow link
 OUTPUT_TAIL_LINES = 12
@@ -107,7 +106,7 @@ def import_package(
     log: Callable[[str], None] = print,
 ) -> Path:
     """Fetch the package of `text` (a SPEC) and write its module folder; return the folder."""
-    from . import cargo, gomod, npm, pypi
+    from runtime.meshctl.imports import cargo, gomod, npm, pypi
 
     spec = parse_spec(text)
     module_name = name or default_name(spec)

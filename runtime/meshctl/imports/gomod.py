@@ -8,9 +8,8 @@ import subprocess
 from pathlib import Path
 
 from manifests.imported import Fetched, PackageLock
+from runtime.meshctl.imports.core import Fetch, Resolved
 from toolchains.packaged import go_env
-
-from .core import Fetch, Resolved
 
 
 def resolve(fetch: Fetch, args: list[str]) -> Resolved:

@@ -7,9 +7,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
+from runtime.meshctl.imports.core import Fetch, Resolved
 from toolchains.packaged import npm_env
-
-from .core import Fetch, Resolved
 
 # The one package.json of the import's own folder: a private package that depends on the server.
 ROOT_NAME = "mesh-imported"

@@ -11,8 +11,7 @@ import zipfile
 from pathlib import Path
 
 from manifests.imported import Fetched, PackageLock
-
-from .core import Fetch, Resolved
+from runtime.meshctl.imports.core import Fetch, Resolved
 
 REQUIREMENTS = "requirements.txt"
 _WHEEL_RE = re.compile(

@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from ..routes import SEAT_PREFIX, TOOL_PREFIX
-from .names import assign_names
+from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX
+from runtime.meshctl.face.names import assign_names
 
 log = logging.getLogger("mesh.face")
 

@@ -24,7 +24,7 @@ from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.object_store import ObjectStore
 
-from .callproto import (
+from runtime.wire.callproto import (
     DEFAULT_BUCKET,
     FETCH_PREFIX,
     FRAME,
@@ -38,7 +38,7 @@ from .callproto import (
     request_account,
     valid_result_name,
 )
-from .errors import NodeError, NoSuchObject, OverCap, render
+from runtime.wire.errors import NodeError, NoSuchObject, OverCap, render
 
 log = logging.getLogger("mesh.objects")
 

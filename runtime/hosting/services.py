@@ -1,10 +1,10 @@
 """What the host runs besides tools: a module's service bundles and, before them, its steps.
 
 Service bundles (record 0188 point 3) run as systemd units where the node runs under systemd
-and may write units (the unit from runtime/units.py, the generator `meshctl node units` uses),
+and may write units (the unit from runtime/hosting/units.py, the generator `meshctl node units` uses),
 else the node supervises them itself (launcher/service.py: the restart policy of a tools
 bundle, minus MCP). The choice is made once, logged, and shown per bundle in status (`runs`).
-Steps run once per version before the module's tools and services (runtime/steps.py).
+Steps run once per version before the module's tools and services (runtime/hosting/steps.py).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from launcher.reaper import Reaper
 from launcher.service import ServiceRunner, ServiceSpec
 from launcher.supervise import describe_exit
 from manifests import BundleManifest
-
-from .config import NodeConfig, ServicesConfig
-from .placement import Placement, child_of, data_dir
-from .steps import run_steps
-from .units import build_services, service_unit, unit_name
+from runtime.config import NodeConfig, ServicesConfig
+from runtime.hosting.placement import Placement, child_of, data_dir
+from runtime.hosting.steps import run_steps
+from runtime.hosting.units import build_services, service_unit, unit_name
 
 log = logging.getLogger("mesh.hosting")
 

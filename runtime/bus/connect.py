@@ -25,7 +25,7 @@ import msgspec
 import nats
 from nats.aio.client import Client
 
-from .config import NatsConfig
+from runtime.config import NatsConfig
 
 log = logging.getLogger("mesh.bus")
 
@@ -115,7 +115,7 @@ class EmbeddedServer:
     def __init__(self, state_dir: Path, node: str, port: int, accounts: str | None = None) -> None:
         self.state_dir = state_dir
         self.node = node
-        self.accounts = accounts  # an `accounts { }` block (runtime/accounts.py), or none: one open account
+        self.accounts = accounts  # an `accounts { }` block (runtime/bus/accounts.py), or none: one open account
         self.port = port if port and _port_free(port) else free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._proc: asyncio.subprocess.Process | None = None

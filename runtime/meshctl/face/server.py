@@ -28,11 +28,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from ..callproto import ProgressFrame
-from ..changes import CHANGES_SUBJECT, ChangeEvent
-from ..client import CallError, MeshClient
-from ..service import collect_infos
-from .catalog import Catalog, FaceTool
+from runtime.bus.service_api import collect_infos
+from runtime.client import CallError, MeshClient
+from runtime.meshctl.face.catalog import Catalog, FaceTool
+from runtime.node.changes import CHANGES_SUBJECT, ChangeEvent
+from runtime.wire.callproto import ProgressFrame
 
 log = logging.getLogger("mesh.face")
 

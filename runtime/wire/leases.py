@@ -9,7 +9,7 @@ Two buckets:
   data (a seat that does not fail over by itself). Written by the first holder; changed only by
   an operator (`meshctl seat adopt` / `meshctl seat move`), never by a node taking a free lease.
 
-This module is the KV mechanics only; runtime/seat_keeper.py decides what a node does with them.
+This module is the KV mechanics only; runtime/seats/keeper.py decides what a node does with them.
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ import msgspec
 from launcher.reaper import Reaper
 from launcher.step import run_step
 from manifests import BundleManifest
-
-from .config import NodeConfig
-from .placement import Placement, child_of, data_dir
+from runtime.config import NodeConfig
+from runtime.hosting.placement import Placement, child_of, data_dir
 
 log = logging.getLogger("mesh.step")
 

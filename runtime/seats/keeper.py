@@ -25,9 +25,9 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from .errors import SeatUnavailable, render
-from .lease import Found, Held, HomeRecord, LeaseLost, LeaseRecord, SeatLeases, seat_key
-from .service import SERVICE_NAME
+from runtime.bus.service_api import SERVICE_NAME
+from runtime.wire.errors import SeatUnavailable, render
+from runtime.wire.leases import Found, Held, HomeRecord, LeaseLost, LeaseRecord, SeatLeases, seat_key
 
 log = logging.getLogger("mesh.seats")
 

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.nuid import NUID
 
-from .routes import Route
+from runtime.calls.routes import Route
 
 log = logging.getLogger("mesh.service")
 

@@ -1,6 +1,6 @@
 """The bus call protocol's wire: header names, subjects, frames, and the checks of what a caller sends.
 
-Shared by the node (runtime/calls.py) and callers (runtime/client.py); docs/bus.md is the spec.
+Shared by the node (runtime/calls/desk.py) and callers (runtime/client.py); docs/bus.md is the spec.
 Pure: no I/O. Every header is hostile until checked here; a bad one is a 400 naming the header
 and what would be right.
 """
@@ -12,8 +12,8 @@ from typing import Mapping
 
 import msgspec
 
-from .errors import BadRequest
-from .identity import REQUEST_INFO, CallerError, caller_from_info
+from runtime.wire.errors import BadRequest
+from runtime.wire.identity import REQUEST_INFO, CallerError, caller_from_info
 
 # --- request headers (caller -> node) --------------------------------------------------------
 CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.cancel.<id>
@@ -96,7 +96,7 @@ def request_account(headers: Mapping[str, str] | None) -> str | None:
         return None
     try:
         return caller_from_info(info).account
-    except CallerError as e:  # one reading of the stamp, the node's (runtime/identity.py)
+    except CallerError as e:  # one reading of the stamp, the node's (runtime/wire/identity.py)
         raise ValueError(str(e)) from None
 
 

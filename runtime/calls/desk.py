@@ -21,7 +21,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from .callproto import (
+from runtime.calls.objects import ObjectHandoff
+from runtime.wire.callproto import (
     CANCEL_PREFIX,
     FETCH_PREFIX,
     FRAME,
@@ -37,8 +38,7 @@ from .callproto import (
     request_account,
     valid_call_id,
 )
-from .errors import BadRequest
-from .objects import ObjectHandoff
+from runtime.wire.errors import BadRequest
 
 log = logging.getLogger("mesh.calls")
 

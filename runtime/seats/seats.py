@@ -1,7 +1,7 @@
 """The seats of the modules on one node: held here, refused, or held elsewhere.
 
 A stateless seat (and a second claimant on this node) is decided here at once; a stateful one
-is held through its lease by a `SeatKeeper` (runtime/seat_keeper.py), whose every change of mind
+is held through its lease by a `SeatKeeper` (runtime/seats/keeper.py), whose every change of mind
 comes back to `changed`: the seat's subjects, and its module's own tools (they share its
 store), are subscribed only while the module holds all its stateful seats here.
 
@@ -22,13 +22,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from manifests import Seat
-
-from .config import NodeConfig
-from .lease import HomeRecord, SeatLeases
-from .placement import Placement, data_dir
-from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
-from .seat_keeper import SeatKeeper
-from .seat_move import export_seat, import_seat, needs_import
+from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
+from runtime.config import NodeConfig
+from runtime.hosting.placement import Placement, data_dir
+from runtime.seats.keeper import SeatKeeper
+from runtime.seats.move import export_seat, import_seat, needs_import
+from runtime.wire.leases import HomeRecord, SeatLeases
 
 log = logging.getLogger("mesh.node")
 
@@ -89,7 +88,7 @@ class Seats:
         self.node, self.config, self.table, self.run_id = node, config, table, run_id
         self.state_dir = Path(config.state_dir)
         self._subscribe, self._unsubscribe = subscribe, unsubscribe
-        # What this node serves changed with a seat (the node's mesh.events.tools, runtime/changes.py).
+        # What this node serves changed with a seat (the node's mesh.events.tools, runtime/node/changes.py).
         self._served_changed = served_changed
         self.status: dict[str, SeatStatus] = {}
         self.keepers: dict[str, SeatKeeper] = {}  # stateful seat -> its lease keeper on this node

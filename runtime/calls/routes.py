@@ -15,9 +15,8 @@ import msgspec
 
 from launcher.bundle import STARTING_STATES, BundleRunner
 from launcher.session import Tool
-
-from .errors import NoSuchTool, Unavailable
-from .schema import compile_schema
+from runtime.calls.schema import compile_schema
+from runtime.wire.errors import NoSuchTool, Unavailable
 
 TOOL_PREFIX = "mesh.tool."
 SEAT_PREFIX = "mesh.seat."
@@ -96,7 +95,7 @@ class ModuleEntry:
     seats: list[str] = field(default_factory=list)  # seats this module holds on this node
     # The seats its module.toml declares ([[seat]]); None: not known, nothing is checked.
     declared_seats: list[str] | None = None
-    stateful: set[str] = field(default_factory=set)  # its seats held through a lease (runtime/seat_keeper.py)
+    stateful: set[str] = field(default_factory=set)  # its seats held through a lease (runtime/seats/keeper.py)
     wanted_seats: list[str] = field(default_factory=list)  # the seats it claims on this node (held or not)
 
     def serves_own_tools(self) -> bool:

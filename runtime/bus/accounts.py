@@ -4,7 +4,7 @@ The mesh account exports the mesh's services (docs/bus.md, "Accounts"): `mesh.to
 `mesh.seat.>` with several replies per request (progress frames), `mesh.cancel.*`, and
 `mesh.fetch.>` (result objects, in chunks); each caller account imports them all with
 `share: true`, so the server stamps every request from it with `Nats-Request-Info` (see
-runtime/identity.py). The same text serves the embedded bus (written from `[[nats.caller]]` in
+runtime/wire/identity.py). The same text serves the embedded bus (written from `[[nats.caller]]` in
 the node's config) and an operator's own nats-server (README).
 """
 
@@ -15,7 +15,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .config import MESH_ACCOUNT, MESH_USER, CallerAccount
+from runtime.config import MESH_ACCOUNT, MESH_USER, CallerAccount
 
 # (subject, export options): a call's progress frames are several replies to one request, for as
 # long as the longest call may take.
@@ -27,7 +27,7 @@ MESH_EXPORTS = (
     # The tool list for callers' MCP faces (`meshctl mcp`): every node answers one INFO request.
     ("$SRV.INFO.mesh-node", "response_type: stream"),
 )
-# Messages the mesh account publishes for its callers: the nodes' change notices (runtime/changes.py).
+# Messages the mesh account publishes for its callers: the nodes' change notices (runtime/node/changes.py).
 MESH_STREAMS = ("mesh.events.tools",)
 SECRET_FILE_MODE = 0o600
 

@@ -19,9 +19,9 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
-from .catalog import FaceError
-from .json_replies import JsonReplies, PerRequest
-from .server import Face
+from runtime.meshctl.face.catalog import FaceError
+from runtime.meshctl.face.json_replies import JsonReplies, PerRequest
+from runtime.meshctl.face.server import Face
 
 log = logging.getLogger("mesh.face")
 

@@ -24,6 +24,8 @@ from manifests import LoadedModule, ManifestError, load_module
 from manifests.check import refuse_own_image
 from manifests.load import name_problem, shown, version_problem
 from manifests.model import KINDS, LANGUAGES, SEAT_NAME_RE
+from runtime.hosting.placement import Placement
+from runtime.hosting.steps import StepFailed
 from toolchains.artifact import (
     ArtifactError,
     ArtifactLimits,
@@ -34,9 +36,6 @@ from toolchains.artifact import (
     verify_and_unpack,
 )
 from toolchains.bytecode import compile_bytecode
-
-from .placement import Placement
-from .steps import StepFailed
 
 log = logging.getLogger("mesh.delivery")
 

@@ -17,10 +17,10 @@ from nats.aio.msg import Msg
 
 from launcher.bundle import STARTING_STATES, BundleRunner, Pending
 from launcher.errors import BundleOverloaded, BundleUnavailable, CallTimedOut, ChildError
-
-from .callproto import REQUEST_INFO, request_account
-from .calls import CallDesk, OpenCall, call_meta
-from .errors import (
+from runtime.calls.desk import CallDesk, OpenCall, call_meta
+from runtime.calls.routes import Route, RouteTable
+from runtime.wire.callproto import REQUEST_INFO, request_account
+from runtime.wire.errors import (
     BadRequest,
     Internal,
     NodeError,
@@ -32,8 +32,7 @@ from .errors import (
     Unavailable,
     render,
 )
-from .identity import CallerError, CallerStamp, local_caller
-from .routes import Route, RouteTable
+from runtime.wire.identity import CallerError, CallerStamp, local_caller
 
 log = logging.getLogger("mesh.dispatch")
 

@@ -2,7 +2,7 @@
 
 Record 0188 point 3: a bundle of kind `service` is a process the host runs as a unit, in
 whatever language it is written. One generator for `meshctl node units` (units written ahead)
-and for the node itself where it runs under systemd (runtime/hosting.py writes, starts and
+and for the node itself where it runs under systemd (runtime/hosting/services.py writes, starts and
 removes the unit of each service bundle it places); here systemd supervises, not the node. What the unit
 gives the process mirrors what the launcher gives a tools child: the bundle folder as working
 directory, the entry resolved the same way (`python`/`python3` -> the node's own interpreter,
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from manifests.model import ENV_NAME_RE
-from runtime.placement import RUN_FROM_SOURCE, Placement
-from runtime.source import build_from_source
+from runtime.hosting.from_source import build_from_source
+from runtime.hosting.placement import RUN_FROM_SOURCE, Placement
 from toolchains.cache_bound import CacheBound
 
 NODE_UNIT = "mesh-node.service"
@@ -413,7 +413,7 @@ def build_services(
     cache_bound: CacheBound | None = None,
 ) -> Placement:
     """The placement with its compiled service bundles built, as the node builds its tools bundles
-    (runtime/source.py, reused when the sources are unchanged). Python runs from its source."""
+    (runtime/hosting/from_source.py, reused when the sources are unchanged). Python runs from its source."""
     dirs = dict(placement.dirs)
     build_env = dict(placement.build_env)
     for spec in placement.loaded.module.bundle:

@@ -25,9 +25,8 @@ import anyio
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from runtime.wire.leases import HomeRecord, SeatLeases
 from toolchains.artifact import sha256_file
-
-from .lease import HomeRecord, SeatLeases
 
 log = logging.getLogger("mesh.seats")
 

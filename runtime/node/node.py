@@ -26,21 +26,20 @@ from launcher.bundle import BundleRunner, BundleStatus
 from launcher.process import use_pidfd_child_watcher
 from launcher.reaper import Reaper, kill_marked
 from manifests import BundleManifest
-
-from .accounts import EmbeddedAccounts
-from .bus import BusError, BusInfo, EmbeddedServer, connect, redact, write_bus_info
-from .calls import CallDesk
-from .changes import ChangeNotice
-from .config import NatsConfig, NodeConfig
-from .delivery import Reconciler
-from .dispatch import Dispatcher
-from .hosting import Hosted, ServiceHost
-from .identity import CallerStamp, local_caller
-from .placement import Placement, data_dir, runner_spec
-from .routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
-from .seats import Seats, SeatStatus, shown_state, stateful_seats, wanted_seats
-from .service import Service
-from .steps import StepFailed
+from runtime.bus.accounts import EmbeddedAccounts
+from runtime.bus.connect import BusError, BusInfo, EmbeddedServer, connect, redact, write_bus_info
+from runtime.bus.service_api import Service
+from runtime.calls.desk import CallDesk
+from runtime.calls.dispatch import Dispatcher
+from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
+from runtime.config import NatsConfig, NodeConfig
+from runtime.delivery.reconciler import Reconciler
+from runtime.hosting.placement import Placement, data_dir, runner_spec
+from runtime.hosting.services import Hosted, ServiceHost
+from runtime.hosting.steps import StepFailed
+from runtime.node.changes import ChangeNotice
+from runtime.seats.seats import Seats, SeatStatus, shown_state, stateful_seats, wanted_seats
+from runtime.wire.identity import CallerStamp, local_caller
 
 log = logging.getLogger("mesh.node")
 
@@ -464,7 +463,7 @@ class Node:
         )
 
     def _tools_statuses(self, entry: ModuleEntry) -> list[BundleStatus]:
-        """Its tools bundles, `ready` only once its seats are decided here (runtime/seats.py, shown_state)."""
+        """Its tools bundles, `ready` only once its seats are decided here (runtime/seats/seats.py, shown_state)."""
         standing = self.seats.standing(entry)
         statuses = [b.status() for b in entry.bundles]
         for status in statuses:

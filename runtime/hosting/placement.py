@@ -18,10 +18,9 @@ from launcher.reaper import MARKER_VAR
 from manifests import BundleManifest, LoadedModule, ManifestError, find_modules, load_module
 from manifests.check import refuse_own_image
 from manifests.imported import is_package_bundle
-
-from .config import NodeConfig
-from .secrets import SecretsError, bundle_secrets
-from .source import preparer
+from runtime.config import NodeConfig
+from runtime.hosting.from_source import preparer
+from runtime.hosting.secrets import SecretsError, bundle_secrets
 
 log = logging.getLogger("mesh.node")
 
