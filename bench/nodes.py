@@ -38,7 +38,7 @@ def meshctl() -> list[str]:
 
 
 def start_nats(workdir: Path) -> tuple[Proc, str]:
-    from runtime.bus.connect import nats_server_binary
+    from runtime.bus.embedded import nats_server_binary
 
     port = free_port()
     argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(workdir / "nats-js")]

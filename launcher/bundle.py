@@ -9,11 +9,10 @@ launcher/supervise.py, shared with the services the node runs; this module keeps
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable
 
 import anyio
 import msgspec
@@ -33,6 +32,8 @@ from .process import ChildProcess, ChildSpec
 from .reaper import Reaper
 from .restart import RestartPolicy
 from .session import Call, Session, Tool
+from .slots import Slots
+from .status import BundleStatus, bundle_status
 from .supervise import STDERR_TAIL, Supervised, describe_exit
 
 log = logging.getLogger("mesh.bundle")
@@ -79,74 +80,6 @@ class RunnerSpec:
         return f"{self.module}/{self.name}"
 
 
-class BundleStatus(msgspec.Struct):
-    module: str
-    bundle: str
-    language: str
-    state: str
-    pid: int | None
-    restarts: int
-    tools: list[str]
-    last_exit: str | None
-    last_error: str | None
-    protocol_version: str | None
-    in_flight: int
-    calls: int
-    stderr_tail: list[str]
-    kind: str = "tools"  # tools | service
-    runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
-    state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
-    era: str | None = None  # "handshake" (initialize) or "stateless" (server/discover, 2026-07-28)
-
-
-class Lifecycle(Protocol):
-    """What every runner knows of its child's life, whoever runs the child (the node or systemd)."""
-
-    state: str
-    pid: int | None
-    restarts: int
-    last_exit: str | None
-    last_error: str | None
-
-
-def bundle_status(
-    runner: Lifecycle,
-    module: str,
-    bundle: str,
-    language: str,
-    stderr_tail: list[str],
-    *,
-    kind: str = "tools",
-    runs: str = "node",
-    tools: list[str] | None = None,
-    protocol_version: str | None = None,
-    in_flight: int = 0,
-    calls: int = 0,
-    state_for_s: float = 0.0,
-    era: str | None = None,
-) -> BundleStatus:
-    """A bundle's status: its runner's life, and the facts only a tools bundle has (none for a service)."""
-    return BundleStatus(
-        module=module,
-        bundle=bundle,
-        language=language,
-        state=runner.state,
-        pid=runner.pid,
-        restarts=runner.restarts,
-        tools=tools or [],
-        last_exit=runner.last_exit,
-        last_error=runner.last_error,
-        protocol_version=protocol_version,
-        in_flight=in_flight,
-        calls=calls,
-        stderr_tail=stderr_tail,
-        kind=kind,
-        runs=runs,
-        state_for_s=state_for_s,
-        era=era,
-    )
-
-
 class Pending:
     """A call written to a child, not yet answered."""
 
@@ -156,59 +89,20 @@ class Pending:
         self.session, self.call = session, call
 
 
-class _Slots:
-    """A bound on calls in flight; waiting is cheap when there is room (the common case).
+class RunnerEvents:
+    """What a runner tells its owner (the node's module host): its state, its tools, a child's progress.
 
-    The waiters are bounded too (`max_waiting` calls, `max_waiting_bytes` of their arguments).
-    """
+    Called synchronously from the runner's own task; an owner overrides what it listens to. The
+    default listens to nothing (a runner on its own, as in the launcher's tests)."""
 
-    def __init__(self, size: int, max_waiting: int, max_waiting_bytes: int) -> None:
-        self.size = size
-        self.used = 0
-        self.max_waiting, self.max_waiting_bytes = max_waiting, max_waiting_bytes
-        self.waiting_bytes = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+    def state_changed(self, runner: BundleRunner) -> None:
+        """Every change of `runner.state`."""
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
+    def tools_changed(self, runner: BundleRunner) -> None:
+        """`runner.tools` is a new list (a start, or the child's list_changed)."""
 
-    def room_to_wait(self, size: int) -> bool:
-        return len(self._waiters) < self.max_waiting and self.waiting_bytes + size <= self.max_waiting_bytes
-
-    def try_acquire(self) -> bool:
-        if self.used < self.size and not self._waiters:
-            self.used += 1
-            return True
-        return False
-
-    async def acquire(self, timeout: float, size: int = 0) -> bool:
-        if self.used < self.size and not self._waiters:
-            self.used += 1
-            return True
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self.waiting_bytes += size
-        try:
-            await asyncio.wait_for(fut, timeout)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self.waiting_bytes -= size
-            if not fut.done() or fut.cancelled():
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-
-    def release(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # hand the slot over: `used` stays the same
-                return
-        self.used -= 1
+    def progress(self, runner: BundleRunner, params: msgspec.Raw) -> None:
+        """A child's `notifications/progress`, for the caller that asked for it."""
 
 
 class BundleRunner(Supervised):
@@ -217,26 +111,22 @@ class BundleRunner(Supervised):
     def __init__(
         self,
         spec: RunnerSpec,
-        on_tools: Callable[[BundleRunner], None] = lambda b: None,
+        events: RunnerEvents | None = None,
         reaper: Reaper | None = None,
-        on_progress: Callable[[BundleRunner, msgspec.Raw], None] | None = None,
-        on_state: Callable[[BundleRunner], None] = lambda b: None,
     ) -> None:
-        self._on_state = on_state  # every state change, for the node's change notice
+        self.events = events or RunnerEvents()
         super().__init__(spec.module, spec.name, spec.restart, spec.child, spec.prepare, reaper)
         self.spec = spec
-        self._on_progress = on_progress  # a child's notifications/progress, for the caller that asked
-        self._on_tools = on_tools
         self.tools: dict[str, Tool] = {}
         self.calls = 0
         self._session: Session | None = None
-        self._slots = _Slots(spec.max_in_flight, spec.max_waiting, spec.max_waiting_bytes)
+        self._slots = Slots(spec.max_in_flight, spec.max_waiting, spec.max_waiting_bytes)
         self._relist = asyncio.Event()
         self._call_timed_out_at = float("-inf")  # loop clock: the last call the child did not answer in time
         self._stdin_limit = spec.health.max_stdin_bytes
 
     def _state_changed(self) -> None:
-        self._on_state(self)
+        self.events.state_changed(self)
 
     # --- calls ----------------------------------------------------------------------------
     def begin(
@@ -461,8 +351,8 @@ class BundleRunner(Supervised):
     def _notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":
             self._relist.set()
-        elif method == "notifications/progress" and self._on_progress is not None:
-            self._on_progress(self, params)
+        elif method == "notifications/progress":
+            self.events.progress(self, params)
 
     async def _relist_tools(self, session: Session) -> None:
         while True:
@@ -478,7 +368,7 @@ class BundleRunner(Supervised):
 
     def _set_tools(self, tools: list[Tool]) -> None:
         self.tools = {t.name: t for t in tools}
-        self._on_tools(self)
+        self.events.tools_changed(self)
 
 
 def _reason(e: Exception) -> str:

@@ -16,10 +16,10 @@ from typing import Awaitable, Callable
 
 import anyio
 
-from .bundle import BundleStatus, bundle_status
 from .process import ChildSpec
 from .reaper import Reaper
 from .restart import RestartPolicy
+from .status import BundleStatus, bundle_status
 from .supervise import Supervised
 
 log = logging.getLogger("mesh.bundle")

@@ -42,10 +42,9 @@ from runtime.wire.callproto import (
     KeepaliveFrame,
     ObjectRef,
     ProgressFrame,
-    cancel_subject,
-    fetch_subject,
 )
 from runtime.wire.errors import HEADER_CODE, HEADER_TEXT
+from runtime.wire.subjects import cancel_subject, fetch_subject
 
 HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
 REPLY_GRACE_S = 2.0  # how long past its deadline a caller waits for the node's own 504

@@ -68,6 +68,8 @@ from toolchains.cache_bound import CacheBound, bound_problem
 # The embedded bus's own account and the user its nodes connect as.
 MESH_ACCOUNT = "MESH"
 MESH_USER = "mesh-node"
+# Where a node run by systemd keeps its state (its unit's default; meshctl finds it there too).
+SYSTEM_STATE_DIR = "/var/lib/mesh-node"
 ACCOUNT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
@@ -154,7 +156,7 @@ def default_state_dir() -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     user = Path(xdg) / "mesh-node" if xdg else Path.home() / ".local" / "state" / "mesh-node"
     # A node run by systemd keeps its state in /var/lib; meshctl finds it there too.
-    system = Path("/var/lib/mesh-node")
+    system = Path(SYSTEM_STATE_DIR)
     if not user.exists() and (system / "bus.json").exists():
         return system
     return user

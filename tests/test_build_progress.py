@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import time
 
-from runtime.meshctl.cli import _state_shown
+from runtime.meshctl.verbs.node import _state_shown
 from toolchains.progress import BuildProgress
 
 
@@ -51,7 +51,5 @@ def test_a_build_for_the_node_is_started_and_ended_by_name() -> None:
 
 
 def test_node_status_shows_how_long_a_build_has_run() -> None:
-    building = {"state": "building", "state_for_s": 42.4}
-    assert _state_shown(building) == "building (42 s)"
-    assert _state_shown({"state": "ready", "state_for_s": 99.0}) == "ready"
-    assert _state_shown({"state": "building"}) == "building"  # a node from before the field
+    assert _state_shown("building", 42.4) == "building (42 s)"
+    assert _state_shown("ready", 99.0) == "ready"

@@ -24,16 +24,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from runtime.client import MeshClient, NodeRefused, NodeSilent, NoResponders, tool_result
-from runtime.wire.callproto import (
-    CALL_ID,
-    FRAME,
-    PROGRESS,
-    REQUEST_OBJECT,
-    RESULT_OBJECT,
-    TIMEOUT_MS,
-    ProgressFrame,
-    cancel_subject,
-)
+from runtime.wire.callproto import CALL_ID, FRAME, PROGRESS, REQUEST_OBJECT, RESULT_OBJECT, TIMEOUT_MS, ProgressFrame
+from runtime.wire.subjects import cancel_subject
 from tests.support.mesh import (
     FAST_CONFIG,
     MESHCTL,

@@ -19,7 +19,8 @@ import nats
 import pytest
 
 from runtime.client import CallError, MeshClient, tool_result
-from runtime.wire.callproto import CALL_ID, FRAME, PROGRESS, cancel_subject, fetch_subject
+from runtime.wire.callproto import CALL_ID, FRAME, PROGRESS
+from runtime.wire.subjects import cancel_subject, fetch_subject
 from tests.faults.security_support import ConfiguredServer, node_config
 from tests.support.mesh import NodeProcess, make_module
 

@@ -13,16 +13,9 @@ import msgspec
 import pytest
 
 from launcher.session import Session
+from runtime.calls.identity import CallerStamp
 from runtime.config import ConfigError, load_config
-from runtime.wire.identity import (
-    CALLER_KEY,
-    REQUEST_INFO,
-    Caller,
-    CallerError,
-    CallerStamp,
-    caller_from_info,
-    local_caller,
-)
+from runtime.wire.identity import CALLER_KEY, REQUEST_INFO, Caller, CallerError, caller_from_info, local_caller
 
 # What nats-server 2.15 stamps on a request crossing a `share: true` import (seen on the wire).
 STAMPED = json.dumps(

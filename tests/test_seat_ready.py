@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from manifests import load_module
-from runtime.bus.connect import free_port
+from runtime.bus.embedded import free_port
 from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.config import NodeConfig
 from runtime.hosting.placement import from_source
@@ -77,15 +77,22 @@ class Claimed:
         self.subscribed: list[tuple[str, str]] = []  # (subject, standing when it was subscribed)
         self.changes: list[str] = []  # what the node would say on mesh.events.tools
         config = NodeConfig(name="n1", state_dir=str(tmp_path / "state"))
-        self.seats = Seats("n1", config, self.table, "run1", self._subscribe, self._unsubscribe, self.changes.append)
+        self.seats = Seats("n1", config, self.table, "run1", host=self)
         self.nc = nc
 
-    async def _subscribe(self, subject: str) -> None:
+    # The seats' host (runtime/seats/seats.py SeatsHost), as the node's module host would be.
+    async def serve(self, subject: str) -> None:
         if subject not in [s for s, _ in self.subscribed]:  # as the node's: once per subject
             self.subscribed.append((subject, self.seats.standing(self.entry)))
 
-    async def _unsubscribe(self, subject: str) -> None:
+    async def unserve(self, subject: str) -> None:
         pass
+
+    def rebuild(self) -> None:
+        self.table.rebuild()
+
+    def served_changed(self, reason: str) -> None:
+        self.changes.append(reason)
 
     async def claim(self, then: Callable[[], Awaitable[None]]) -> None:
         async with anyio.create_task_group() as tg:

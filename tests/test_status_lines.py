@@ -6,20 +6,23 @@ import pytest
 from nats.js.errors import ServiceUnavailableError
 
 from runtime.meshctl import cli
-from runtime.meshctl.cli import _seat_line
+from runtime.meshctl.verbs import call as call_verbs
+from runtime.meshctl.verbs import seat as seat_verbs
+from runtime.meshctl.verbs.node import seat_line
+from runtime.wire.control import SeatStatus
 
 
-def seat(reason: str) -> dict[str, str]:
-    return {"seat": "memory", "state": "elsewhere", "holder": "node-a", "module": "memory", "reason": reason}
+def seat(reason: str) -> SeatStatus:
+    return SeatStatus(seat="memory", state="elsewhere", holder="node-a", module="memory", reason=reason)
 
 
 def test_a_seat_held_elsewhere_names_the_holder_once() -> None:
-    line = _seat_line(seat("node node-a holds seat memory (module memory)"))
+    line = seat_line(seat("node node-a holds seat memory (module memory)"))
     assert line == "seat memory: held by node node-a, not here (module memory)"
 
 
 def test_a_holder_running_another_module_is_named() -> None:
-    line = _seat_line(seat("node node-a holds seat memory (module memory-next)"))
+    line = seat_line(seat("node node-a holds seat memory (module memory-next)"))
     assert line.endswith("not here (module memory): node node-a holds seat memory (module memory-next)")
 
 
@@ -28,10 +31,10 @@ def test_a_jetstream_refusal_is_one_line_naming_who_may(
 ) -> None:
     """As a caller account (no JetStream): `seat list` and `bundle deliver` ended in a traceback."""
 
-    def refused(_args: object) -> int:
+    def refused(_args: object, _verb: object) -> int:
         raise ServiceUnavailableError(code=503, err_code=10039, description="JetStream not enabled for account")
 
-    monkeypatch.setattr(cli, "cmd_seat_list", refused)
+    monkeypatch.setattr(seat_verbs, "_on_bus", refused)
     assert cli.main(["seat", "list"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -46,7 +49,7 @@ def test_no_node_answering_tools_says_why_it_may_be(
     async def none(*_args: object) -> list[dict[str, object]]:
         return []
 
-    monkeypatch.setattr(cli, "_infos", none)
+    monkeypatch.setattr(call_verbs, "_infos", none)
     assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "0 tools on 0 nodes"

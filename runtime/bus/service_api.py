@@ -1,15 +1,17 @@
-"""The node as a NATS Service API service: `$SRV.PING/INFO/STATS` with endpoints that change.
+"""The node as a NATS Service API service: one owner of its subscriptions, endpoints and stats.
 
-nats-py's `micro` cannot remove an endpoint and runs one request per endpoint at a time, and
-tools come and go with their bundles, so the node answers the (small) Service API protocol
-itself. `nats micro ls/info/stats` see every node.
+Shaped after nats.go's `micro` (service, group, endpoint, request, stats), with two departures:
+tools come and go with their bundles without a resubscription (a module's tools are one
+subscription, `mesh.tool.<module>.>`, a held seat's verbs another), and requests are handled
+concurrently (one task each, owned by the dispatcher). nats-py's `micro` can do neither, so the
+node answers the (small) Service API protocol itself; `nats micro ls/info/stats` see every node.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import anyio
 import msgspec
@@ -18,42 +20,52 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.nuid import NUID
 
-from runtime.calls.routes import Route
+from runtime.wire.subjects import SERVICE_NAME, SERVICE_VERBS, SERVICE_VERSION, service_subject, service_subjects
 
 log = logging.getLogger("mesh.service")
-
-SERVICE_NAME = "mesh-node"
-SERVICE_VERSION = "0.1.0"
 
 _encode = msgspec.json.encode
 
 
-async def collect_infos(nc: Client, wait: float) -> list[dict[str, Any]]:
-    """Every node's Service API INFO answer that arrives within `wait` seconds.
+class EndpointStats:
+    """One endpoint's Service API counters; kept by subject across route rebuilds (calls/routes.py)."""
 
-    Several nodes answer one request, so this is a publish and a window, not nc.request.
+    __slots__ = ("num_requests", "num_errors", "last_error", "processing_ns")
+
+    def __init__(self) -> None:
+        self.num_requests = 0
+        self.num_errors = 0
+        self.last_error = ""
+        self.processing_ns = 0
+
+    def record(self, elapsed_ns: int, error: str | None) -> None:
+        """One answered request (an error reply is recorded once, here, as micro's respondError does)."""
+        self.num_requests += 1
+        self.processing_ns += elapsed_ns
+        if error is not None:
+            self.num_errors += 1
+            self.last_error = error[:512]
+
+
+class Endpoint(Protocol):
+    """What the service lists of one endpoint (a route of the node's table)."""
+
+    subject: str
+    stats: EndpointStats
+
+    def endpoint_name(self) -> str: ...
+    def metadata(self) -> dict[str, str]: ...
+
+
+Handler = Callable[[Msg], None]
+
+
+class ServiceApi:
+    """Answers `$SRV.PING/INFO/STATS` for one node and owns the subscriptions its requests come on.
+
+    `serve(subject)` subscribes a group of endpoints (in the queue group, so several nodes share
+    the load) with the one request handler; `unserve` drains it.
     """
-    infos: list[dict[str, Any]] = []
-    inbox = nc.new_inbox()
-    sub = await nc.subscribe(inbox)
-    try:
-        await nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
-        with anyio.move_on_after(wait):
-            while True:
-                msg = await sub.next_msg(timeout=wait)
-                try:
-                    infos.append(msgspec.json.decode(msg.data))
-                except msgspec.DecodeError:
-                    continue  # a malformed answer says nothing
-    except Exception:  # the window closed: what came is the answer
-        pass
-    finally:
-        await sub.unsubscribe()
-    return infos
-
-
-class Service:
-    """Answers the Service API's discovery and stats verbs for one node."""
 
     def __init__(
         self,
@@ -61,7 +73,8 @@ class Service:
         *,
         node: str,
         queue_group: str,
-        endpoints: Callable[[], list[Route]],
+        handler: Handler,
+        endpoints: Callable[[], Iterable[Endpoint]],
         metadata: Callable[[], dict[str, str]],
         description: str = "mesh node tool runtime",
     ) -> None:
@@ -70,18 +83,28 @@ class Service:
         self.queue_group = queue_group
         self.id = NUID().next().decode()
         self.description = description
+        self._handler = handler
         self._endpoints = endpoints
         self._metadata = metadata
-        self._subs: list[Subscription] = []
+        self._verbs: list[Subscription] = []
+        self._groups: dict[str, Subscription] = {}
         self.started = dt.datetime.now(dt.UTC)
 
+    # --- the Service API's own verbs ---------------------------------------------------------
     async def start(self) -> None:
-        for verb, handler in (("PING", self._ping), ("INFO", self._info), ("STATS", self._stats)):
-            for subject in (f"$SRV.{verb}", f"$SRV.{verb}.{SERVICE_NAME}", f"$SRV.{verb}.{SERVICE_NAME}.{self.id}"):
-                self._subs.append(await self.nc.subscribe(subject, cb=handler))
+        for verb, answer in zip(SERVICE_VERBS, (self._ping, self.info, self.stats)):
+            for subject in service_subjects(verb, self.id):
+                self._verbs.append(await self.nc.subscribe(subject, cb=self._answerer(answer)))
+
+    def _answerer(self, answer: Callable[[], dict[str, Any]]) -> Callable[[Msg], Awaitable[None]]:
+        async def respond(msg: Msg) -> None:
+            if msg.reply:
+                await self.nc.publish(msg.reply, _encode(answer()))
+
+        return respond
 
     async def stop(self) -> None:
-        subs, self._subs = self._subs, []
+        subs, self._verbs = self._verbs, []
         for sub in subs:
             try:
                 await sub.unsubscribe()
@@ -97,48 +120,90 @@ class Service:
             "metadata": self._metadata(),
         }
 
+    def _ping(self) -> dict[str, Any]:
+        return self._identity("ping")
+
     def info(self) -> dict[str, Any]:
         return {
             **self._identity("info"),
             "description": self.description,
             "endpoints": [
                 {
-                    "name": r.endpoint_name(),
-                    "subject": r.subject,
+                    "name": e.endpoint_name(),
+                    "subject": e.subject,
                     "queue_group": self.queue_group,
-                    "metadata": r.metadata(),
+                    "metadata": e.metadata(),
                 }
-                for r in self._endpoints()
+                for e in self._endpoints()
             ],
         }
 
     def stats(self) -> dict[str, Any]:
         endpoints = []
-        for r in self._endpoints():
+        for e in self._endpoints():
+            s = e.stats
             endpoints.append(
                 {
-                    "name": r.endpoint_name(),
-                    "subject": r.subject,
+                    "name": e.endpoint_name(),
+                    "subject": e.subject,
                     "queue_group": self.queue_group,
-                    "num_requests": r.num_requests,
-                    "num_errors": r.num_errors,
-                    "last_error": r.last_error,
-                    "processing_time": r.processing_ns,
-                    "average_processing_time": r.processing_ns // r.num_requests if r.num_requests else 0,
+                    "num_requests": s.num_requests,
+                    "num_errors": s.num_errors,
+                    "last_error": s.last_error,
+                    "processing_time": s.processing_ns,
+                    "average_processing_time": s.processing_ns // s.num_requests if s.num_requests else 0,
                 }
             )
         started = self.started.isoformat().replace("+00:00", "Z")
         return {**self._identity("stats"), "started": started, "endpoints": endpoints}
 
-    async def _ping(self, msg: Msg) -> None:
-        await self._answer(msg, self._identity("ping"))
+    # --- groups: the subscriptions requests arrive on -----------------------------------------
+    async def serve(self, subject: str) -> None:
+        """Take requests on `subject` (a wildcard of endpoints); serving it already is nothing new."""
+        if subject in self._groups:
+            return
+        self._groups[subject] = await self.nc.subscribe(subject, queue=self.queue_group, cb=self._on_request)
 
-    async def _info(self, msg: Msg) -> None:
-        await self._answer(msg, self.info())
+    async def unserve(self, subject: str) -> None:
+        """Stop taking requests on `subject`; the ones already delivered are still handled."""
+        sub = self._groups.pop(subject, None)
+        if sub is not None:
+            await sub.drain()
 
-    async def _stats(self, msg: Msg) -> None:
-        await self._answer(msg, self.stats())
+    def serving(self) -> list[str]:
+        return list(self._groups)
 
-    async def _answer(self, msg: Msg, body: dict[str, Any]) -> None:
-        if msg.reply:
-            await self.nc.publish(msg.reply, _encode(body))
+    async def _on_request(self, msg: Msg) -> None:
+        self._handler(msg)  # the dispatcher takes it at once; each call is a task of its own
+
+    async def drain(self) -> None:
+        """Every group drained (a stop): no new request comes in."""
+        for subject in list(self._groups):
+            try:
+                await self.unserve(subject)
+            except Exception as e:  # a broken connection cannot drain; the calls it held are gone with it
+                log.warning("could not drain %s: %s", subject, e)
+
+
+async def collect_infos(nc: Client, wait: float) -> list[dict[str, Any]]:
+    """Every node's Service API INFO answer that arrives within `wait` seconds.
+
+    Several nodes answer one request, so this is a publish and a window, not nc.request.
+    """
+    infos: list[dict[str, Any]] = []
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    try:
+        await nc.publish(service_subject("INFO"), b"", reply=inbox)
+        with anyio.move_on_after(wait):
+            while True:
+                msg = await sub.next_msg(timeout=wait)
+                try:
+                    infos.append(msgspec.json.decode(msg.data))
+                except msgspec.DecodeError:
+                    continue  # a malformed answer says nothing
+    except Exception:  # the window closed: what came is the answer
+        pass
+    finally:
+        await sub.unsubscribe()
+    return infos

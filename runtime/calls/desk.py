@@ -23,8 +23,6 @@ from nats.aio.subscription import Subscription
 
 from runtime.calls.objects import ObjectHandoff
 from runtime.wire.callproto import (
-    CANCEL_PREFIX,
-    FETCH_PREFIX,
     FRAME,
     FRAME_KEEPALIVE,
     FRAME_PROGRESS,
@@ -39,6 +37,7 @@ from runtime.wire.callproto import (
     valid_call_id,
 )
 from runtime.wire.errors import BadRequest
+from runtime.wire.subjects import CANCEL_PREFIX, FETCH_PREFIX
 
 log = logging.getLogger("mesh.calls")
 
@@ -155,6 +154,11 @@ class OpenCall:
         self.token = 0  # the progressToken the child gets (call_meta); 0: none
         self.task: asyncio.Task[None] | None = None
         self.cancelled = False  # by its caller: no further answer
+
+    @property
+    def begins_now(self) -> bool:
+        """Whether `start` may write it to its child at once: not cancelled, its arguments not in the store."""
+        return not (self.cancelled or self.options.request_object)
 
     def cancel(self, reason: str) -> None:
         if self.cancelled:

@@ -26,7 +26,6 @@ from nats.js.object_store import ObjectStore
 
 from runtime.wire.callproto import (
     DEFAULT_BUCKET,
-    FETCH_PREFIX,
     FRAME,
     FRAME_CHUNK,
     OBJECT_SHA256,
@@ -39,6 +38,7 @@ from runtime.wire.callproto import (
     valid_result_name,
 )
 from runtime.wire.errors import NodeError, NoSuchObject, OverCap, render
+from runtime.wire.subjects import FETCH_PREFIX
 
 log = logging.getLogger("mesh.objects")
 

@@ -15,33 +15,17 @@ import msgspec
 
 from launcher.bundle import STARTING_STATES, BundleRunner
 from launcher.session import Tool
+from runtime.bus.service_api import EndpointStats
 from runtime.calls.schema import compile_schema
 from runtime.wire.errors import NoSuchTool, Unavailable
-
-TOOL_PREFIX = "mesh.tool."
-SEAT_PREFIX = "mesh.seat."
+from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX, seat_subject, split_seat_tool, tool_subject
 
 _encode = msgspec.json.encode
 log = logging.getLogger("mesh.routes")
 
 
-def tool_subject(module: str, tool: str) -> str:
-    return f"{TOOL_PREFIX}{module}.{tool}"
-
-
-def seat_subject(seat: str, verb: str) -> str:
-    return f"{SEAT_PREFIX}{seat}.{verb}"
-
-
-def split_seat_tool(name: str) -> tuple[str, str] | None:
-    seat, dot, verb = name.partition(".")
-    if dot and seat and verb and "." not in verb:
-        return seat, verb
-    return None
-
-
 class Route:
-    """One subject served by one tool of one bundle, with its Service API stats."""
+    """One subject served by one tool of one bundle: a Service API endpoint, with its stats."""
 
     __slots__ = (
         "subject",
@@ -52,10 +36,7 @@ class Route:
         "definition_json",
         "bundle",
         "checker",
-        "num_requests",
-        "num_errors",
-        "last_error",
-        "processing_ns",
+        "stats",
     )
 
     def __init__(self, subject: str, kind: str, module: str, tool: Tool, bundle: BundleRunner) -> None:
@@ -65,10 +46,7 @@ class Route:
         # The tool's MCP definition, for the Service API's endpoint metadata (the MCP face lists it).
         self.definition_json = _encode(tool).decode()
         self.checker = compile_schema(tool.inputSchema)
-        self.num_requests = 0
-        self.num_errors = 0
-        self.last_error = ""
-        self.processing_ns = 0
+        self.stats = EndpointStats()
 
     def endpoint_name(self) -> str:
         # Service API endpoint names allow letters, digits, - and _ only.
@@ -152,8 +130,7 @@ class RouteTable:
                     route = Route(subject, kind, entry.name, tool, bundle)
                     previous = old.get(subject)
                     if previous is not None:
-                        route.num_requests, route.num_errors = previous.num_requests, previous.num_errors
-                        route.last_error, route.processing_ns = previous.last_error, previous.processing_ns
+                        route.stats = previous.stats
                     routes.setdefault(subject, route)
         self.routes = routes
         self._undeclared = undeclared

@@ -20,13 +20,14 @@ from typing import Mapping, Protocol
 import anyio
 import anyio.abc
 
-from launcher.bundle import BundleStatus, bundle_status
 from launcher.reaper import Reaper
 from launcher.service import ServiceRunner, ServiceSpec
+from launcher.status import BundleStatus, bundle_status
 from launcher.supervise import describe_exit
 from manifests import BundleManifest
 from runtime.config import NodeConfig, ServicesConfig
-from runtime.hosting.placement import Placement, child_of, data_dir
+from runtime.hosting.children import child_of
+from runtime.hosting.placement import Placement, data_dir
 from runtime.hosting.steps import run_steps
 from runtime.hosting.units import build_services, service_unit, unit_name
 

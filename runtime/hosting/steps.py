@@ -20,7 +20,8 @@ from launcher.reaper import Reaper
 from launcher.step import run_step
 from manifests import BundleManifest
 from runtime.config import NodeConfig
-from runtime.hosting.placement import Placement, child_of, data_dir
+from runtime.hosting.children import child_of
+from runtime.hosting.placement import Placement, data_dir
 
 log = logging.getLogger("mesh.step")
 

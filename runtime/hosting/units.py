@@ -31,7 +31,6 @@ from toolchains.cache_bound import CacheBound
 
 NODE_UNIT = "mesh-node.service"
 # Where a node run by systemd keeps its state: /var/lib/<StateDirectory>, created by systemd.
-SYSTEM_STATE_DIR = "/var/lib/mesh-node"
 
 # Characters that make a word need quotes: whitespace, quotes, backslash, and `;`, which would end
 # the command in an Exec line.

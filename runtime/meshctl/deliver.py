@@ -16,15 +16,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 
 from manifests import ManifestError
 from manifests.check import check_text
-from runtime.delivery.reconciler import (
-    ArtifactRef,
-    DeliveryError,
-    Membership,
-    ModuleRef,
-    buckets,
-    node_key,
-    object_name,
-)
+from runtime.wire.membership import ArtifactRef, DeliveryError, Membership, ModuleRef, buckets, node_key, object_name
 from toolchains.artifact import ArtifactError, ArtifactMeta, read_meta, sha256_file
 
 

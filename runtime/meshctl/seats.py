@@ -15,7 +15,10 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from runtime.meshctl.errors import Refused
+from runtime.wire.control import SeatMoveAsk, SeatMoveReply
 from runtime.wire.leases import HomeRecord, LeaseRecord, SeatLeases
+from runtime.wire.subjects import SEAT_MOVE, node_subject
 
 
 class SeatRow(msgspec.Struct):
@@ -27,8 +30,8 @@ class SeatRow(msgspec.Struct):
     home_how: str
 
 
-class SeatAdminError(Exception):
-    pass
+class SeatAdminError(Refused):
+    """A seat verb the mesh refuses (exit 1)."""
 
 
 async def open_leases(nc: Client) -> SeatLeases:
@@ -80,8 +83,10 @@ async def adopt(nc: Client, seat: str, node: str) -> tuple[HomeRecord, str]:
     return record, before
 
 
-async def move(nc: Client, seat: str, to: str, timeout: float) -> dict[str, object]:
-    """Ask the seat's home node to hand its data to `to`, then wait (at most `timeout`) until `to` holds it."""
+async def move(nc: Client, seat: str, to: str, timeout: float) -> tuple[SeatMoveReply, bool]:
+    """Ask the seat's home node to hand its data to `to`, then wait (at most `timeout`) until `to` holds it.
+
+    (the home's answer, whether `to` holds the seat by the end)."""
     leases = await open_leases(nc)
     home = await leases.home(seat)
     if home is None or not isinstance(home.record, HomeRecord):
@@ -93,7 +98,7 @@ async def move(nc: Client, seat: str, to: str, timeout: float) -> dict[str, obje
         raise SeatAdminError(f"seat {seat}'s data is on node {to} already")
     try:
         msg = await nc.request(
-            f"mesh.node.{source}.seat-move", msgspec.json.encode({"seat": seat, "to": to}), timeout=timeout
+            node_subject(source, SEAT_MOVE), msgspec.json.encode(SeatMoveAsk(seat=seat, to=to)), timeout=timeout
         )
     except NoRespondersError:
         raise SeatAdminError(
@@ -103,15 +108,13 @@ async def move(nc: Client, seat: str, to: str, timeout: float) -> dict[str, obje
         ) from None
     except NatsTimeout:
         raise SeatAdminError(f"node {source} did not answer the move within {timeout:g} s; see its log") from None
-    reply = msgspec.json.decode(msg.data)
-    if not reply.get("ok"):
-        raise SeatAdminError(str(reply.get("error")))
+    reply = msgspec.json.decode(msg.data, type=SeatMoveReply)
+    if not reply.ok:
+        raise SeatAdminError(reply.error)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lease = await leases.read(seat)
         if lease is not None and isinstance(lease.record, LeaseRecord) and lease.record.node == to:
-            reply["held"] = True
-            return reply
+            return reply, True
         await anyio.sleep(0.2)
-    reply["held"] = False
-    return reply
+    return reply, False

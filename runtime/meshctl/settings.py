@@ -13,16 +13,9 @@ from typing import Any
 
 import msgspec
 
-from runtime.bus.connect import read_bus_info
+from runtime.bus.info import read_bus_info
 from runtime.config import ConfigError, NatsConfig, NodeConfig, default_state_dir, load_config
-
-
-class CliError(Exception):
-    """A verb that cannot do what was asked; rendered once by `meshctl`'s main as one line."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        self.code = code
-        super().__init__(message)
+from runtime.meshctl.errors import MeshError
 
 
 def bus_options() -> argparse.ArgumentParser:
@@ -68,7 +61,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     try:
         config = load_config(getattr(args, "config", None))
     except ConfigError as e:
-        raise CliError(str(e)) from None
+        raise MeshError(str(e)) from None
     changes: dict[str, Any] = {}
     for field in ("name", "state_dir", "manifests"):
         value = getattr(args, field, None)
@@ -89,7 +82,7 @@ def client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
     state = Path(args.state_dir) if args.state_dir else default_state_dir()
     info = read_bus_info(state)
     if info is None:
-        raise CliError(
+        raise MeshError(
             f"no local node found (no running node's bus.json in {state}); start one with `meshctl node run` "
             "or name the bus with --nats URL"
         )
@@ -99,7 +92,7 @@ def client_config(args: argparse.Namespace) -> tuple[NatsConfig, str | None]:
         try:
             password = Path(info.password_file).read_text().strip()
         except OSError as e:
-            raise CliError(
+            raise MeshError(
                 f"the local bus has accounts and {info.password_file} cannot be read ({e.strerror}); "
                 "run as the node's user, or call as a caller with --user and --password"
             ) from None

@@ -27,7 +27,8 @@ import msgspec
 from nats.aio.client import Client
 
 from manifests import load_module
-from runtime.bus.connect import connect, read_bus_info
+from runtime.bus.connect import connect
+from runtime.bus.info import read_bus_info
 from runtime.config import NatsConfig
 from runtime.meshctl.deliver import deliver
 from toolchains.base import BuildFailed, ToolchainMissing

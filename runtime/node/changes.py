@@ -14,18 +14,13 @@ import anyio
 import msgspec
 from nats.aio.client import Client
 
+from runtime.wire.events import ChangeEvent
+from runtime.wire.subjects import CHANGES_SUBJECT
+
 log = logging.getLogger("mesh.changes")
 
-CHANGES_SUBJECT = "mesh.events.tools"
 COALESCE_S = 0.05  # a module's bundles start together: one message for the lot
 MAX_REASONS = 8  # reasons kept per message; past it the message says how many more
-
-
-class ChangeEvent(msgspec.Struct):
-    node: str
-    service_id: str  # the node's Service API id, as in its $SRV.INFO answer
-    reasons: list[str]
-    leaving: bool = False  # the node stops serving: its INFO answers are no longer the truth
 
 
 class ChangeNotice:

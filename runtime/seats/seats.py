@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Protocol
 
 import anyio.abc
 import msgspec
@@ -22,25 +22,32 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from manifests import Seat
-from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX, ModuleEntry, RouteTable
+from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.config import NodeConfig
 from runtime.hosting.placement import Placement, data_dir
 from runtime.seats.keeper import SeatKeeper
 from runtime.seats.move import export_seat, import_seat, needs_import
+from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
 from runtime.wire.leases import HomeRecord, SeatLeases
+from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX
 
 log = logging.getLogger("mesh.node")
 
-Subscribe = Callable[[str], Awaitable[None]]
 
+class SeatsHost(Protocol):
+    """What the seats ask of the node's module host (runtime/node/modules.py)."""
 
-class SeatStatus(msgspec.Struct):
-    seat: str
-    module: str
-    state: str  # held | elsewhere (another node holds it) | refused | starting
-    reason: str = ""
-    holder: str = ""  # the node that holds it, when another one does
-    home: str = ""  # the node whose disk holds its data, when that is not this one
+    async def serve(self, subject: str) -> None:
+        """Take requests on `subject` (the Service API's subscription, runtime/bus/service_api.py)."""
+
+    async def unserve(self, subject: str) -> None:
+        """Stop taking requests on `subject`."""
+
+    def rebuild(self) -> None:
+        """The routes again, from who holds what now."""
+
+    def served_changed(self, reason: str) -> None:
+        """What this node serves changed (its mesh.events.tools notice)."""
 
 
 def wanted_seats(placement: Placement) -> list[str]:
@@ -81,15 +88,11 @@ class Seats:
         config: NodeConfig,
         table: RouteTable,
         run_id: str,
-        subscribe: Subscribe,
-        unsubscribe: Subscribe,
-        served_changed: Callable[[str], None] = lambda reason: None,
+        host: SeatsHost,
     ) -> None:
         self.node, self.config, self.table, self.run_id = node, config, table, run_id
         self.state_dir = Path(config.state_dir)
-        self._subscribe, self._unsubscribe = subscribe, unsubscribe
-        # What this node serves changed with a seat (the node's mesh.events.tools, runtime/node/changes.py).
-        self._served_changed = served_changed
+        self.host = host
         self.status: dict[str, SeatStatus] = {}
         self.keepers: dict[str, SeatKeeper] = {}  # stateful seat -> its lease keeper on this node
         self.leases: SeatLeases | None = None
@@ -128,7 +131,7 @@ class Seats:
             await self._claim(entry, seat, declared)
         for seat in old.seats if old is not None else []:
             if seat not in entry.seats:
-                await self._unsubscribe(f"{SEAT_PREFIX}{seat}.>")
+                await self.host.unserve(f"{SEAT_PREFIX}{seat}.>")
         await self.close_keepers(module.name, keep=set(wanted))
         await self.own_tools(entry)
 
@@ -154,7 +157,7 @@ class Seats:
         if declared is None or declared.stateless:
             self.table.seat_holders[seat] = entry.name
             entry.seats.append(seat)
-            await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+            await self.host.serve(f"{SEAT_PREFIX}{seat}.>")
             self.status[seat] = SeatStatus(seat, entry.name, "held")  # said once its subjects answer
             return
         if keeper is not None:  # the same module again (an upgrade): the lease stays, the entry is new
@@ -219,19 +222,18 @@ class Seats:
     async def on_move(self, msg: Msg) -> None:
         """`meshctl seat move`: step down, pack the seat's data, name the new home; the answer says how it went."""
         try:
-            ask = msgspec.json.decode(msg.data or b"{}", type=dict[str, str])
-            seat, to = ask.get("seat", ""), ask.get("to", "")
+            ask = msgspec.json.decode(msg.data or b"{}", type=SeatMoveAsk)
         except (msgspec.DecodeError, msgspec.ValidationError):
-            seat, to = "", ""
+            ask = SeatMoveAsk()
+        seat, to = ask.seat, ask.to
         keeper = self.keepers.get(seat)
         entry = self.table.modules.get(keeper.module) if keeper else None
-        reply: dict[str, Any]
         if keeper is None or entry is None or not to or not self.leases or self.nc is None:
-            reply = {
-                "ok": False,
-                "error": f"node {self.node} has no stateful seat {seat!r} to move "
+            reply = SeatMoveReply(
+                ok=False,
+                error=f"node {self.node} has no stateful seat {seat!r} to move "
                 f"(seats with a lease here: {', '.join(self.keepers) or 'none'}); name a target with --to",
-            }
+            )
         else:
             keeper.hold_off = True
             try:
@@ -247,13 +249,12 @@ class Seats:
                     bundles=list(entry.bundles),
                     drain_timeout_s=self.config.drain_timeout_s,
                 )
-                reply = {"ok": True, "seat": seat, "from": self.node, "to": to, "object": record.data}
+                reply = SeatMoveReply(ok=True, seat=seat, from_node=self.node, to=to, object=record.data)
             except Exception as e:  # the home did not change: this node takes the seat back
                 log.error("seat %s: move to node %s failed: %s", seat, to, e)
-                reply = {
-                    "ok": False,
-                    "error": f"moving seat {seat} to node {to} failed: {e}; it stays on node {self.node}",
-                }
+                reply = SeatMoveReply(
+                    ok=False, error=f"moving seat {seat} to node {to} failed: {e}; it stays on node {self.node}"
+                )
             finally:
                 keeper.hold_off = False
         if msg.reply:
@@ -269,36 +270,36 @@ class Seats:
             self.table.seat_holders[seat] = entry.name
             if seat not in entry.seats:
                 entry.seats.append(seat)
-            self.table.rebuild()
-            await self._subscribe(f"{SEAT_PREFIX}{seat}.>")
+            self.host.rebuild()
+            await self.host.serve(f"{SEAT_PREFIX}{seat}.>")
             await self.own_tools(entry)
             # Held is said once the seat's subjects and the module's tools are subscribed: status
             # shows the module's bundles `ready` from then on.
             self.status[seat] = SeatStatus(seat, entry.name, "held")
-            self._served_changed(f"seat {seat} held")
+            self.host.served_changed(f"seat {seat} held")
             return
         if seat in entry.seats:
             entry.seats.remove(seat)
             self.table.seat_holders.pop(seat, None)
         self.status[seat] = SeatStatus(seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home)
-        self.table.rebuild()  # routes first: a call still queued on the subscription is refused
+        self.host.rebuild()  # routes first: a call still queued on the subscription is refused
         await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
         await self.own_tools(entry)
-        self._served_changed(f"seat {seat} {keeper.state}")
+        self.host.served_changed(f"seat {seat} {keeper.state}")
 
     async def own_tools(self, entry: ModuleEntry) -> None:
         """A module's own tools share the store of its stateful seats: served only where it holds them all."""
         subject = f"{TOOL_PREFIX}{entry.name}.>"
         if entry.serves_own_tools():
-            await self._subscribe(subject)
+            await self.host.serve(subject)
         else:
-            self.table.rebuild()
+            self.host.rebuild()
             await self._unsubscribe_quietly(subject)
-        self.table.rebuild()
+        self.host.rebuild()
 
     async def _unsubscribe_quietly(self, subject: str) -> None:
         try:
-            await self._unsubscribe(subject)
+            await self.host.unserve(subject)
         except Exception as e:  # a broken bus: the subscription is gone with the connection
             log.warning("could not unsubscribe %s: %s", subject, e)
 

@@ -14,6 +14,7 @@ import msgspec
 
 from runtime.wire.errors import BadRequest
 from runtime.wire.identity import REQUEST_INFO, CallerError, caller_from_info
+from runtime.wire.subjects import CALLS_BUCKET
 
 # --- request headers (caller -> node) --------------------------------------------------------
 CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.cancel.<id>
@@ -34,9 +35,7 @@ FRAME_CHUNK = "chunk"
 OBJECT_SIZE = "Mesh-Object-Size"
 OBJECT_SHA256 = "Mesh-Object-Sha256"
 
-CANCEL_PREFIX = "mesh.cancel."
-FETCH_PREFIX = "mesh.fetch."
-DEFAULT_BUCKET = "mesh-calls"
+DEFAULT_BUCKET = CALLS_BUCKET
 REQUEST_OBJECT_PREFIX = "req."
 RESULT_OBJECT_PREFIX = "res."
 
@@ -52,16 +51,8 @@ _PREFIX = "mesh-"
 _KNOWN_LOWER = {k.lower(): k for k in KNOWN}
 
 
-def cancel_subject(call_id: str) -> str:
-    return CANCEL_PREFIX + call_id
-
-
 def valid_call_id(text: str) -> bool:
     return _ID.fullmatch(text) is not None
-
-
-def fetch_subject(name: str) -> str:
-    return FETCH_PREFIX + name
 
 
 def valid_result_name(text: str) -> bool:

@@ -6,14 +6,49 @@ headers and a JSON body, once, at the edge.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import msgspec
 
-from launcher.errors import WAITED_FOR_SLOT, WAITED_FOR_START, BundleOverloaded, BundleUnavailable, CallTimedOut
-
 HEADER_CODE = "Nats-Service-Error-Code"
 HEADER_TEXT = "Nats-Service-Error"
+
+
+# The facts a 503 or 504 names, as the launcher's errors carry them (launcher/errors.py): the wire
+# reads them by shape, so that callers and the face need nothing of the launcher.
+class DownFacts(Protocol):
+    @property
+    def bundle(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def last_exit(self) -> str | None: ...
+    @property
+    def stderr_tail(self) -> Sequence[str]: ...
+    @property
+    def reason(self) -> str: ...
+
+
+class BusyFacts(Protocol):
+    @property
+    def bundle(self) -> str: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+
+
+class LateFacts(Protocol):
+    @property
+    def bundle(self) -> str: ...
+    @property
+    def timeout_ms(self) -> int: ...
+    @property
+    def waited_for(self) -> str:
+        """ "start", "slot" or "child": where the one deadline of the call went."""
+        ...
 
 
 class NodeError(Exception):
@@ -103,7 +138,7 @@ def _bundle_facts(tool: str, module: str, bundle: str, node: str) -> dict[str, A
 class Unavailable(NodeError):
     code, kind = 503, "bundle_unavailable"
 
-    def __init__(self, tool: str, module: str, cause: BundleUnavailable, node: str) -> None:
+    def __init__(self, tool: str, module: str, cause: DownFacts, node: str) -> None:
         self.tool, self.module, self.cause, self.node = tool, module, cause, node
         state = _STATE_WORDS.get(cause.state, cause.state)
         what = f"tool family {module} ({tool}) is unavailable: bundle {cause.bundle} is {state}"
@@ -120,7 +155,7 @@ class Unavailable(NodeError):
             "state": c.state,
             "last_exit": c.last_exit,
             "reason": c.reason,
-            "stderr_tail": c.stderr_tail[-10:],
+            "stderr_tail": list(c.stderr_tail[-10:]),
             "ways_out": [
                 f"see `meshctl node status --name {self.node}` and the node's log for bundle {c.bundle}",
                 f"fix the bundle and run `meshctl node restart {c.bundle} --name {self.node}`"
@@ -134,7 +169,7 @@ class Unavailable(NodeError):
 class Overloaded(NodeError):
     code, kind = 503, "overloaded"
 
-    def __init__(self, tool: str, module: str, cause: BundleOverloaded, node: str) -> None:
+    def __init__(self, tool: str, module: str, cause: BusyFacts, node: str) -> None:
         self.tool, self.module, self.cause, self.node = tool, module, cause, node
         super().__init__(
             f"tool family {module} ({tool}) is overloaded on node {node}: bundle {cause.bundle} has "
@@ -158,15 +193,15 @@ class Overloaded(NodeError):
 
 
 _WHERE_THE_TIME_WENT = {
-    WAITED_FOR_START: "all of it went waiting for bundle {b} to start; the call never reached the child",
-    WAITED_FOR_SLOT: "it waited for a free slot of bundle {b} (max_in_flight) and never reached the child",
+    "start": "all of it went waiting for bundle {b} to start; the call never reached the child",
+    "slot": "it waited for a free slot of bundle {b} (max_in_flight) and never reached the child",
 }
 
 
 class TimedOut(NodeError):
     code, kind = 504, "timed_out"
 
-    def __init__(self, tool: str, cause: CallTimedOut, deadline: str = "bundle") -> None:
+    def __init__(self, tool: str, cause: LateFacts, deadline: str = "bundle") -> None:
         # deadline: whose ran out, "bundle" (the manifest's timeout_ms) or "caller" (Mesh-Timeout-Ms)
         self.tool, self.cause, self.deadline = tool, cause, deadline
         whose = "the caller's deadline (Mesh-Timeout-Ms)" if deadline == "caller" else "the bundle's timeout_ms"

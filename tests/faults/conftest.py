@@ -20,7 +20,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from runtime.bus.connect import free_port, nats_server_binary
+from runtime.bus.embedded import free_port, nats_server_binary
 from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, call, stop_process, wait_port
 
 

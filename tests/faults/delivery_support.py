@@ -18,7 +18,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from runtime.delivery.reconciler import buckets, node_key
+from runtime.wire.membership import buckets, node_key
 from tests.support.mesh import RAW_CHILD, status
 from toolchains.artifact import sha256_file
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.bus.accounts import accounts_block
-from runtime.bus.connect import free_port, nats_server_binary
+from runtime.bus.embedded import free_port, nats_server_binary
 from tests.support.mesh import FAST_CONFIG, MESHCTL, ROOT, NodeProcess, make_module, stop_process, wait_port
 
 # meshctl must answer within this; past it the run is a hang, which is a failure of its own.

@@ -16,7 +16,7 @@ from typing import Any
 import nats
 import pytest
 
-from runtime.bus.connect import free_port
+from runtime.bus.embedded import free_port
 from tests.faults.conftest import call_retrying, config
 from tests.support.mesh import bundle_status, call, client, make_module, status, wait_for, wait_state
 

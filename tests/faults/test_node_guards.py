@@ -18,7 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from runtime.bus.connect import free_port
+from runtime.bus.embedded import free_port
 from tests.faults.conftest import meshctl
 from tests.faults.security_support import ConfiguredServer
 from tests.support import mesh

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from runtime.wire.identity import REQUEST_INFO, CallerStamp, local_caller
+from runtime.calls.identity import CallerStamp
+from runtime.wire.identity import REQUEST_INFO, local_caller
 from tests.runtime.test_dispatch import Mesh, end, new_mesh
 from tests.support.fake_child import Script
 

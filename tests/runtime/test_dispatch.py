@@ -10,10 +10,10 @@ import pytest
 from nats.aio.msg import Msg
 
 from runtime.calls.dispatch import Dispatcher
+from runtime.calls.identity import CallerStamp
 from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.wire.errors import HEADER_CODE
-from runtime.wire.identity import CallerStamp
-from tests.support.fake_child import Behaviour, RecordingRunner, Script, runner_spec
+from tests.support.fake_child import Behaviour, OnTools, RecordingRunner, Script, runner_spec
 
 
 class Bus:
@@ -63,7 +63,7 @@ class Mesh:
 def new_mesh(timeout_ms: int = 300, stamp: CallerStamp | None = None) -> Mesh:
     """Module m with one fake-child runner, not started, and a dispatcher over it."""
     table = RouteTable("node-a")
-    runner = RecordingRunner(runner_spec(timeout_ms=timeout_ms), on_tools=lambda r: table.rebuild())
+    runner = RecordingRunner(runner_spec(timeout_ms=timeout_ms), events=OnTools(lambda r: table.rebuild()))
     table.modules["m"] = ModuleEntry("m", "1.0.0", [runner])
     return Mesh(Bus(), table, runner, stamp)
 
@@ -86,7 +86,7 @@ async def test_a_call_to_a_ready_bundle_is_answered_with_the_childs_result(mesh:
     result, code = await mesh.ask("mesh.tool.m.greet", b'{"name":"Ada"}')
     assert code is None and result["content"][0]["text"] == 'greet: {"name": "Ada"}'
     route = mesh.table.routes["mesh.tool.m.greet"]
-    assert (route.num_requests, route.num_errors) == (1, 0)
+    assert (route.stats.num_requests, route.stats.num_errors) == (1, 0)
     assert (mesh.dispatcher.answered, mesh.dispatcher.in_flight) == (1, 0)
 
 
@@ -113,7 +113,7 @@ async def test_a_bad_body_is_400_and_never_reaches_the_child(
     error, code = await mesh.ask("mesh.tool.m.greet", body)
     assert code == "400" and says in error["error"]["message"]
     assert len(script.started[-1].received) == sent_before
-    assert mesh.table.routes["mesh.tool.m.greet"].num_errors == 1
+    assert mesh.table.routes["mesh.tool.m.greet"].stats.num_errors == 1
 
 
 async def test_an_unknown_tool_or_module_is_404_naming_what_is_there(mesh: Mesh) -> None:

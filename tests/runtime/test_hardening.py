@@ -15,12 +15,12 @@ from nats.aio.msg import Msg
 from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.wire.errors import HEADER_CODE
 from tests.runtime.test_dispatch import Bus, Mesh
-from tests.support.fake_child import Behaviour, RecordingRunner, Script, echo, runner_spec
+from tests.support.fake_child import Behaviour, OnTools, RecordingRunner, Script, echo, runner_spec
 
 
 def _mesh(**spec: Any) -> Mesh:
     bus, table = Bus(), RouteTable("node-a")
-    runner = RecordingRunner(runner_spec(**spec), on_tools=lambda r: table.rebuild())
+    runner = RecordingRunner(runner_spec(**spec), events=OnTools(lambda r: table.rebuild()))
     table.modules["m"] = ModuleEntry("m", "1.0.0", [runner])
     return Mesh(bus, table, runner)
 
@@ -137,7 +137,7 @@ async def test_item18_a_seat_verb_of_an_undeclared_seat_is_an_error_naming_tool_
 ) -> None:
     script.default = Behaviour(answer=echo, tools=("greet", "memo.put", "echo.say"))
     bus, table = Bus(), RouteTable("node-a")
-    runner = RecordingRunner(runner_spec(), on_tools=lambda r: table.rebuild())
+    runner = RecordingRunner(runner_spec(), events=OnTools(lambda r: table.rebuild()))
     # The module declares seat "echo" (not held on this node) and no seat "memo".
     table.modules["m"] = ModuleEntry("m", "1.0.0", [runner], declared_seats=["echo"])
     mesh = Mesh(bus, table, runner)

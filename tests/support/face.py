@@ -17,7 +17,7 @@ import pytest
 from mcp.client.stdio import StdioServerParameters
 from nats.aio.client import Client
 
-from runtime.bus.connect import free_port
+from runtime.bus.embedded import free_port
 from tests.support.bus_contract import fixture_module
 from tests.support.mesh import (
     FAST_CONFIG,

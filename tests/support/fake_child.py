@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from launcher import supervise as supervise_module
-from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerSpec
+from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerEvents, RunnerSpec
 from launcher.process import ChildSpec
 from launcher.supervise import Supervised
 
@@ -234,3 +234,13 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Script:
     monkeypatch.setattr(FakeChild, "script", s, raising=False)
     monkeypatch.setattr(supervise_module, "ChildProcess", FakeChild)  # every supervised child spawns there
     return s
+
+
+class OnTools(RunnerEvents):
+    """A runner's owner that listens to its tool lists only (the dispatcher tests rebuild their routes)."""
+
+    def __init__(self, listener: Callable[[BundleRunner], None]) -> None:
+        self.listener = listener
+
+    def tools_changed(self, runner: BundleRunner) -> None:
+        self.listener(runner)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import nats
 from nats.aio.client import Client
 
-from runtime.bus.connect import free_port, nats_server_argv
+from runtime.bus.embedded import free_port, nats_server_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW_CHILD = ROOT / "tests" / "children" / "raw_child.py"

@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX
 from runtime.meshctl.face.names import assign_names
+from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX
 
 log = logging.getLogger("mesh.face")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from runtime.calls.routes import SEAT_PREFIX, TOOL_PREFIX
+from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX
 
 MAX_NAME = 64  # ^[a-zA-Z0-9_-]{1,64}$: what the largest model APIs accept as a tool name
 KEEP = MAX_NAME - 9  # characters kept before "_" and 8 hex digits

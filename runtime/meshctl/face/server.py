@@ -31,8 +31,9 @@ from nats.aio.msg import Msg
 from runtime.bus.service_api import collect_infos
 from runtime.client import CallError, MeshClient
 from runtime.meshctl.face.catalog import Catalog, FaceTool
-from runtime.node.changes import CHANGES_SUBJECT, ChangeEvent
 from runtime.wire.callproto import ProgressFrame
+from runtime.wire.events import ChangeEvent
+from runtime.wire.subjects import CHANGES_SUBJECT
 
 log = logging.getLogger("mesh.face")
 

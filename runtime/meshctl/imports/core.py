@@ -19,6 +19,7 @@ from typing import Callable
 
 from manifests.imported import LANGUAGE_OF, REGISTRIES, PackageLock, encode_lock, lock_path
 from manifests.model import NAME_RE
+from runtime.meshctl.errors import Refused
 from runtime.meshctl.imports.spec import ImportSpec, parse_spec
 from toolchains.packaged import package_cache_dir  # the build reads the same cache
 
@@ -27,7 +28,7 @@ OUTPUT_TAIL_LINES = 12
 SOURCE = "package"  # the bundle's source folder inside the module
 
 
-class ImportFailed(Exception):
+class ImportFailed(Refused):
     def __init__(self, spec: str, reason: str) -> None:
         self.spec, self.reason = spec, reason
         super().__init__(f"import of {spec} failed: {reason}; nothing was written")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from runtime.meshctl.errors import Refused
+
 # Names as each registry allows them; anything else is refused before a client sees it.
 _NAME_RE = {
     "npm": re.compile(r"^(@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]{0,213}\Z"),
@@ -20,7 +22,7 @@ EXAMPLES = (
 )
 
 
-class SpecError(Exception):
+class SpecError(Refused):
     def __init__(self, spec: str, reason: str) -> None:
         self.spec, self.reason = spec, reason
         super().__init__(f"import spec {spec!r}: {reason}; write it as one of {EXAMPLES} (no version: the newest)")

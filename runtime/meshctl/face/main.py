@@ -1,4 +1,4 @@
-"""`meshctl mcp`: the mesh as one MCP server, over stdio (default) or `--http HOST:PORT`.
+"""`meshctl mcp` run: the mesh as one MCP server, over stdio (default) or `--http HOST:PORT`.
 
 `--list` prints what a client would see (name, subject, nodes) and what the patterns left out,
 then exits. Logs go to stderr: stdout belongs to the MCP client on stdio.
@@ -17,39 +17,19 @@ from pathlib import Path
 import anyio
 
 from runtime.bus.connect import BusError, connect
+from runtime.meshctl.errors import MeshError
 from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
-from runtime.meshctl.settings import CliError, client_config
+from runtime.meshctl.settings import client_config
 
 CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
-
-
-def add_parser(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser) -> None:
-    mcp = verbs.add_parser(
-        "mcp", help="the mesh as one MCP server: every tool on the bus (stdio, or --http)", parents=[bus]
-    )
-    mcp.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp, not stdio")
-    mcp.add_argument(
-        "--allow-origin", action="append", default=[], metavar="URL", help="a web origin allowed besides loopback"
-    )
-    mcp.add_argument("--only", action="append", default=[], metavar="PATTERN", help="show only matching tools")
-    mcp.add_argument("--except", dest="exclude", action="append", default=[], metavar="PATTERN", help="hide these")
-    mcp.add_argument("--max-tools", type=int, help="show at most this many tools (by name)")
-    mcp.add_argument("--config", metavar="FILE", help="a TOML file of [profiles.<name>] (only, except, max_tools)")
-    mcp.add_argument("--profile", help="the profile of --config to use")
-    mcp.add_argument("--page-size", type=int, default=100, help="tools per tools/list page (default 100)")
-    mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
-    mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
-    mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
-    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
-    mcp.set_defaults(func=cmd_mcp)
 
 
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise CliError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
+        raise MeshError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
     return host or "127.0.0.1", int(port)
 
 
@@ -58,12 +38,12 @@ def event_loop_options() -> dict[str, bool]:
     return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
 
 
-def cmd_mcp(args: argparse.Namespace) -> int:
+def run_mcp(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if args.page_size < 1:
-        raise CliError(f"--page-size {args.page_size}: give a whole number of at least 1")
+        raise MeshError(f"--page-size {args.page_size}: give a whole number of at least 1")
     address = _address(args.http) if args.http else None
     try:
         selection = load_selection(
@@ -71,14 +51,14 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         )
         security = http_security(address[0], args.allow_origin) if address is not None else None
     except FaceError as e:
-        raise CliError(str(e)) from None
+        raise MeshError(str(e)) from None
     cfg, _ = client_config(args)
 
     async def run() -> int:
         try:
             nc = await connect(cfg, CLIENT_NAME, quiet=True)
         except BusError as e:
-            raise CliError(str(e)) from None
+            raise MeshError(str(e)) from None
         face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait)
         try:
             if args.list:

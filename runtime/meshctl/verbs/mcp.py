@@ -1,0 +1,33 @@
+"""`meshctl mcp`: the mesh as one MCP server (runtime/meshctl/face/; docs/mcp.md). The face and the
+`mcp` package load only when this verb runs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser) -> None:
+    mcp = verbs.add_parser(
+        "mcp", help="the mesh as one MCP server: every tool on the bus (stdio, or --http)", parents=[bus]
+    )
+    mcp.add_argument("--http", metavar="HOST:PORT", help="serve Streamable HTTP at http://HOST:PORT/mcp, not stdio")
+    mcp.add_argument(
+        "--allow-origin", action="append", default=[], metavar="URL", help="a web origin allowed besides loopback"
+    )
+    mcp.add_argument("--only", action="append", default=[], metavar="PATTERN", help="show only matching tools")
+    mcp.add_argument("--except", dest="exclude", action="append", default=[], metavar="PATTERN", help="hide these")
+    mcp.add_argument("--max-tools", type=int, help="show at most this many tools (by name)")
+    mcp.add_argument("--config", metavar="FILE", help="a TOML file of [profiles.<name>] (only, except, max_tools)")
+    mcp.add_argument("--profile", help="the profile of --config to use")
+    mcp.add_argument("--page-size", type=int, default=100, help="tools per tools/list page (default 100)")
+    mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
+    mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
+    mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
+    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp.set_defaults(func=cmd_mcp)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from runtime.meshctl.face.main import run_mcp
+
+    return run_mcp(args)

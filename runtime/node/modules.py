@@ -1,0 +1,223 @@
+"""The modules a node serves, with one owner: add, upgrade in place, remove; the one place routes change.
+
+Runners tell it of their states, tool lists and children's progress (`RunnerEvents`), the seats
+ask it to serve and unserve their subjects (`SeatsHost`), the reconciler brings it delivered
+modules (`Members`): each through its seam, none by calling back into the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.abc
+import msgspec
+from nats.aio.client import Client
+
+from launcher.bundle import BundleRunner, RunnerEvents
+from launcher.reaper import Reaper
+from launcher.status import BundleStatus
+from manifests import BundleManifest
+from runtime.bus.service_api import ServiceApi
+from runtime.calls.desk import CallDesk
+from runtime.calls.routes import ModuleEntry, RouteTable
+from runtime.config import NodeConfig
+from runtime.hosting.children import runner_spec
+from runtime.hosting.placement import Placement, data_dir
+from runtime.hosting.services import ServiceHost
+from runtime.hosting.steps import StepFailed
+from runtime.node.changes import ChangeNotice
+from runtime.seats.seats import Seats, shown_state, stateful_seats, wanted_seats
+from runtime.wire.subjects import module_subjects, seat_subjects
+
+log = logging.getLogger("mesh.node")
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the module host needs of the bus, all at once when it answers."""
+
+    nc: Client
+    service: ServiceApi  # the subscriptions requests come on
+    desk: CallDesk  # where a child's progress goes to its caller
+    notice: ChangeNotice  # mesh.events.tools
+
+
+class ModuleHost(RunnerEvents):
+    """Every module of one node: its tools runners, services, steps and seats."""
+
+    def __init__(self, config: NodeConfig, run_id: str, reaper: Reaper, tg: anyio.abc.TaskGroup) -> None:
+        self.config = config
+        self.state_dir = Path(config.state_dir)
+        self.run_id, self.reaper = run_id, reaper
+        self.table = RouteTable(config.name)
+        self.hosting = ServiceHost(config, run_id, reaper)  # service and step bundles
+        self.seats = Seats(config.name, config, self.table, run_id, host=self)
+        self.sources: dict[str, str] = {}
+        self.problems: list[str] = []  # modules refused at start (a step failed)
+        self.delivery_problems: dict[str, str] = {}
+        self._prestarted: dict[str, list[BundleRunner]] = {}  # started before the bus answered
+        self._tg = tg  # the node's task group: every runner's `run` is owned by it
+        self._wiring: Wiring | None = None  # none until the bus answers: nothing is served before
+
+    def wire(self, wiring: Wiring) -> None:
+        """The bus answers: subjects can be served, progress and changes told, seats claimed."""
+        self._wiring = wiring
+        self.seats.serve(wiring.nc, wiring.service.id, self._tg)
+
+    # --- runners' events (RunnerEvents) --------------------------------------------------------
+    def state_changed(self, runner: BundleRunner) -> None:
+        self.served_changed(f"bundle {runner.key} {runner.state}")
+
+    def tools_changed(self, runner: BundleRunner) -> None:
+        self.rebuild()
+        self.state_changed(runner)
+
+    def progress(self, runner: BundleRunner, params: msgspec.Raw) -> None:
+        if self._wiring is not None:
+            self._wiring.desk.progress(runner, params)
+
+    # --- the seats' host (SeatsHost) -----------------------------------------------------------
+    async def serve(self, subject: str) -> None:
+        assert self._wiring is not None, "subjects are served only once the bus answers"
+        await self._wiring.service.serve(subject)
+
+    async def unserve(self, subject: str) -> None:
+        if self._wiring is not None:
+            await self._wiring.service.unserve(subject)
+
+    def rebuild(self) -> None:
+        self.table.rebuild()
+
+    def served_changed(self, reason: str) -> None:
+        if self._wiring is not None:
+            self._wiring.notice.poke(reason)
+
+    # --- modules -------------------------------------------------------------------------------
+    async def steps_pass(self, placement: Placement) -> bool:
+        """A module served from source at start: its steps ran (or had run); one that failed is named."""
+        try:
+            await self.hosting.run_steps(placement)
+            return True
+        except StepFailed as e:
+            self.problems.append(str(e))
+            return False
+
+    def prestart(self, placement: Placement) -> None:
+        """Start a module's tools children before the bus answers: a bus that is down delays calls, not starts."""
+        module = placement.loaded.module
+        bundles = [self._runner(placement, spec) for spec in module.tools_bundles()]
+        self._prestarted[module.name] = bundles
+        for bundle in bundles:
+            self._tg.start_soon(bundle.run)
+
+    async def add_module(self, placement: Placement, claim_seats: bool = True) -> None:
+        """Serve a module; a module already served is upgraded in place, its calls ridden over.
+
+        Its steps run first: StepFailed refuses the version before anything is touched."""
+        await self.hosting.run_steps(placement)
+        module = placement.loaded.module
+        old = self.table.modules.get(module.name)
+        prestarted = self._prestarted.pop(module.name, None)
+        bundles = prestarted or [self._runner(placement, spec) for spec in module.tools_bundles()]
+        entry = ModuleEntry(
+            module.name,
+            module.version,
+            bundles,
+            declared_seats=module.seat_names(),
+            stateful=stateful_seats(placement),
+            wanted_seats=wanted_seats(placement),
+        )
+        if old is not None:
+            self.seats.release(old)
+        self.table.modules[module.name] = entry
+        self.sources[module.name] = str(placement.loaded.root)
+        for bundle in bundles if prestarted is None else []:
+            self._tg.start_soon(bundle.run)  # children start while the seats are looked at
+        if claim_seats:
+            await self.claim_seats(placement, old)
+        await self.seats.own_tools(entry)
+        self.rebuild()
+        if old is not None:
+            # The old version answers what it holds, then goes; new calls already wait for the new one.
+            for bundle in old.bundles:
+                await _stop(bundle, self.config.drain_timeout_s)
+        await self.hosting.place(placement, self._tg)  # an old version's services stop first
+
+    async def claim_seats(self, placement: Placement, old: ModuleEntry | None) -> None:
+        entry = self.table.modules[placement.loaded.module.name]
+        await self.seats.claim(placement, entry, old)
+        self.rebuild()
+        log.info(
+            "module %s %s: %d tools bundles, seats held: %s",
+            entry.name,
+            entry.version,
+            len(entry.bundles),
+            entry.seats or "none",
+        )
+
+    async def remove_module(self, name: str) -> None:
+        entry = self.table.modules.get(name)
+        if entry is None:
+            return
+        await self.unserve(module_subjects(name))
+        for seat in entry.seats:
+            await self.unserve(seat_subjects(seat))
+        self.seats.release(entry)
+        await self.seats.close_keepers(name, keep=set())
+        del self.table.modules[name]
+        self.rebuild()
+        for bundle in entry.bundles:
+            await _stop(bundle, self.config.drain_timeout_s)
+        await self.hosting.remove(name)
+        self.sources.pop(name, None)
+
+    def delivery_report(self, module: str, problem: str | None) -> None:
+        if problem is None:
+            self.delivery_problems.pop(module, None)
+        else:
+            self.delivery_problems[module] = problem
+
+    def _runner(self, placement: Placement, spec: BundleManifest) -> BundleRunner:
+        folder = data_dir(self.state_dir, placement.loaded.module.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.config.child_user:
+            # Children run as another user: their data folder is theirs, nothing else of the node's.
+            shutil.chown(folder, self.config.child_user, self.config.child_group)
+        return BundleRunner(runner_spec(placement, spec, self.config, self.run_id), events=self, reaper=self.reaper)
+
+    # --- what it shows ---------------------------------------------------------------------------
+    def runners(self) -> list[BundleRunner]:
+        return [b for m in self.table.modules.values() for b in m.bundles]
+
+    def bundle_statuses(self) -> list[BundleStatus]:
+        """Every tools bundle (`ready` only once its seats are decided here: `shown_state`), then the services."""
+        statuses = []
+        for entry in self.table.modules.values():
+            standing = self.seats.standing(entry)
+            for bundle in entry.bundles:
+                status = bundle.status()
+                status.state = shown_state(status.state, standing)
+                statuses.append(status)
+        return statuses + self.hosting.statuses()
+
+    def all_problems(self) -> list[str]:
+        return (
+            list(self.problems)
+            + [f"delivery of {m}: {p}" for m, p in self.delivery_problems.items()]
+            + self.table.problems()
+        )
+
+    async def stop_all(self) -> None:
+        """Every child stopped, the ones started before the bus answered too (a stop, shielded by the caller)."""
+        for bundle in self.runners() + [b for bs in self._prestarted.values() for b in bs]:
+            await bundle.stop()
+        await self.hosting.stop_all()
+
+
+async def _stop(bundle: BundleRunner, drain_timeout_s: float) -> None:
+    await bundle.drain(drain_timeout_s)
+    await bundle.stop()
+    await bundle.finished.wait()
