@@ -9,10 +9,11 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 # Lint, format and types first: seconds, and a finding is cheaper here than in a review.
-echo "test: ruff check, ruff format --check, mypy"
+echo "test: ruff check, ruff format --check, mypy, the import rules"
 ruff check .
 ruff format --check .
 mypy
+python scripts/check_imports.py
 # One compiler cache for the toolchain tests, the node's from-source builds and the smoke run.
 export MESH_TOOLCHAIN_CACHE="${MESH_TOOLCHAIN_CACHE:-$repo/.cache/toolchains}"
 exec python -m pytest -rs -q "$@"

@@ -20,17 +20,11 @@ import msgspec
 import pytest
 
 from toolchains import build as build_mod
-from toolchains.artifact import (
-    ArtifactMeta,
-    ArtifactRefused,
-    PackRefused,
-    encode_meta,
-    pack,
-    read_meta,
-    verify_and_unpack,
-)
+from toolchains.artifact import ArtifactMeta, ArtifactRefused, PackRefused, encode_meta, read_meta
 from toolchains.base import BuildOutput
 from toolchains.build import UnknownToolchain, build_module
+from toolchains.pack import pack
+from toolchains.verify import verify_and_unpack
 
 META = ArtifactMeta(
     module="hello",

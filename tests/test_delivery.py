@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.mesh import MESHCTL, RAW_CHILD, ROOT, call, client, status, wait_for, wait_state
-from toolchains.artifact import ArtifactMeta, pack
+from toolchains.artifact import ArtifactMeta
+from toolchains.pack import pack
 
 pytestmark = pytest.mark.slow
 

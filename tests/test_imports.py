@@ -249,7 +249,8 @@ async def test_a_bundle_for_another_python_is_refused_by_the_node_naming_the_abi
     tmp_path: Path, node_factory, nats_server
 ) -> None:
     from tests.support.mesh import RAW_CHILD
-    from toolchains.artifact import ArtifactMeta, pack
+    from toolchains.artifact import ArtifactMeta
+    from toolchains.pack import pack
 
     stage = tmp_path / "stage"
     stage.mkdir()

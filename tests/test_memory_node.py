@@ -23,8 +23,9 @@ from nats.aio.client import Client
 from tests.faults.security_support import ConfiguredServer
 from tests.support.callers import MESH_PASSWORD, MESH_USER, callers_node, callers_server, connect_as
 from tests.support.mesh import MESHCTL, ROOT, call, status, wait_state
-from toolchains.artifact import pack, verify_and_unpack
 from toolchains.build import build_module
+from toolchains.pack import pack
+from toolchains.verify import verify_and_unpack
 
 VERBS = ("archive_scope", "create_scope", "forget", "load_context", "recall", "remember", "scopes")
 

@@ -29,7 +29,8 @@ from launcher.supervise import describe_exit
 from runtime.config import NodeConfig, ServicesConfig
 from runtime.hosting.services import choose_host
 from tests.support.mesh import FAST_CONFIG, MESHCTL, RAW_CHILD, ROOT, alive, call, client, status, wait_for, wait_state
-from toolchains.artifact import ArtifactMeta, pack
+from toolchains.artifact import ArtifactMeta
+from toolchains.pack import pack
 
 pytestmark = pytest.mark.slow
 

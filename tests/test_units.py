@@ -385,8 +385,8 @@ def test_a_delivered_service_gets_its_unit_from_the_unpacked_artifact(tmp_path: 
     from runtime.config import NodeConfig, ServicesConfig
     from runtime.hosting.placement import Placement
     from runtime.hosting.services import SystemdService
-    from toolchains.artifact import verify_and_unpack
     from toolchains.build import build_module
+    from toolchains.verify import verify_and_unpack
 
     try:
         [artifact] = build_module(REPO / "bundles" / "hello-service", tmp_path / "out", progress=lambda _: None)

@@ -1,27 +1,21 @@
-"""The bundle artifact: a reproducible `.tar.gz` with `bundle.json` first, and its verifier.
+"""The bundle artifact: a reproducible `.tar.gz` with `bundle.json` first (docs/artifact.md).
 
-`pack` turns a staged folder into the artifact; `verify_and_unpack` is what a node runs before it
-launches anything from one. The verifier trusts nothing in the archive: every member must be a
-regular file or a symlink that `bundle.json` lists, with the sha256 it names, at a path that stays
-inside the bundle. Nothing is written to the destination until the whole archive has been checked.
+This module is its format: `ArtifactMeta` (bundle.json) with every rule a meta must keep, the
+limits a node takes, reading the meta of an artifact. `toolchains/pack.py` makes artifacts;
+`toolchains/verify.py`, the security boundary, checks and unpacks them.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
-import os
 import platform
 import re
-import shutil
-import stat
 import sys
 import tarfile
-import tempfile
 import zlib
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Iterator
 
 import msgspec
 
@@ -35,7 +29,7 @@ INTERPRETERS: frozenset[str] = frozenset({"python", "python3", "node"})
 _MAX_META_BYTES = 16 * 1024 * 1024  # a bundle.json bigger than this is an attack, not a manifest
 _PLATFORM_RE = re.compile(r"^[a-z0-9_]{1,32}$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
-_CHUNK = 1024 * 1024
+CHUNK = 1024 * 1024
 MIB = 1024 * 1024
 # bundle.json fields that would make an artifact an image: record 0188 is the reason they are refused.
 IMAGE_FIELDS: frozenset[str] = frozenset({"image", "images", "dockerfile", "container", "oci"})
@@ -107,7 +101,7 @@ class PackRefused(ArtifactError):
 # Paths and links: one set of rules, used by the packer and the verifier alike.
 
 
-def _path_problem(path: str) -> str | None:
+def path_problem(path: str) -> str | None:
     """Why `path` is not a clean bundle-relative path ("a/b"), or None when it is."""
     if not path:
         return "the path is empty"
@@ -123,7 +117,7 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def _link_problem(path: str, target: str) -> str | None:
+def link_problem(path: str, target: str) -> str | None:
     """Why a symlink at `path` pointing to `target` could leave the bundle, or None when it cannot.
 
     A target is accepted only in normal form with every `..` at its front: the climbing part then
@@ -147,7 +141,7 @@ def _link_problem(path: str, target: str) -> str | None:
     return None
 
 
-def _clean_target(target: str) -> str:
+def clean_target(target: str) -> str:
     """Drop `.` parts and repeated or trailing slashes: the same link, written in normal form."""
     if target.startswith("/"):
         return target
@@ -159,7 +153,7 @@ def _clean_entry(entry0: str) -> str:
     return "/".join(p for p in entry0.split("/") if p not in ("", "."))
 
 
-def _meta_problem(meta: ArtifactMeta) -> str | None:
+def meta_problem(meta: ArtifactMeta) -> str | None:
     """Why `meta` is not a sound bundle.json, or None. Checked before any member is trusted."""
     if meta.format != FORMAT:
         return f"bundle.json has format {meta.format}; this version reads format {FORMAT}"
@@ -181,16 +175,16 @@ def _meta_problem(meta: ArtifactMeta) -> str | None:
     if meta.python_abi is not None and not re.match(r"^cp3[0-9]{1,2}\Z", meta.python_abi):
         return f'bundle.json python_abi {meta.python_abi!r} is not a CPython ABI such as "cp311"'
     for path, digest in meta.files.items():
-        if (why := _path_problem(path)) or (why := _reserved(path)):
+        if (why := path_problem(path)) or (why := reserved(path)):
             return f"bundle.json lists file {path!r}: {why}"
         if not _SHA256_RE.match(digest):
             return f"bundle.json gives file {path!r} the hash {digest!r}; a hash is 64 lowercase hex digits"
     for path, target in meta.links.items():
-        if (why := _path_problem(path)) or (why := _reserved(path)):
+        if (why := path_problem(path)) or (why := reserved(path)):
             return f"bundle.json lists link {path!r}: {why}"
         if path in meta.files:
             return f"bundle.json lists {path!r} both as a file and as a link"
-        if why := _link_problem(path, target):
+        if why := link_problem(path, target):
             return f"bundle.json lists link {path!r}: {why}"
     every = set(meta.files) | set(meta.links)
     for path in every:
@@ -211,7 +205,7 @@ def _entry_problem(meta: ArtifactMeta) -> str | None:
     if entry0 in INTERPRETERS:
         return None
     path = _clean_entry(entry0)
-    if why := _path_problem(path):
+    if why := path_problem(path):
         return f"entry[0] {entry0!r} is neither an interpreter ({', '.join(sorted(INTERPRETERS))}) nor a bundle path: {why}"
     if path in meta.links:
         return None  # the link itself was checked to stay inside
@@ -222,7 +216,7 @@ def _entry_problem(meta: ArtifactMeta) -> str | None:
     return None
 
 
-def _reserved(path: str) -> str | None:
+def reserved(path: str) -> str | None:
     return f"{META_NAME} at the bundle root is reserved for the artifact's own metadata" if path == META_NAME else None
 
 
@@ -263,122 +257,11 @@ def encode_meta(meta: ArtifactMeta) -> bytes:
 # Packing
 
 
-def pack(stage_dir: Path, meta: ArtifactMeta, out_dir: Path) -> Path:
-    """Write the artifact of `stage_dir` into `out_dir` and return its path.
-
-    `meta` is everything but files, links and exec, which are taken from the stage. The bytes depend
-    only on the staged content: entries sorted, owner 0, mtime 0, modes 0644/0755, gzip mtime 0.
-    """
-    stage_dir = Path(stage_dir)
-    if not stage_dir.is_dir():
-        raise PackRefused(stage_dir, "it is not a folder")
-    files, links, executable = _scan_stage(stage_dir)
-    meta = msgspec.structs.replace(meta, format=FORMAT, files=files, links=links, exec=executable)
-    if why := _meta_problem(meta):
-        raise PackRefused(stage_dir, why)
-    meta_bytes = encode_meta(meta)
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / artifact_name(meta)
-    # Write beside the target and rename, so a reader never sees half an artifact.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            # filename="" and mtime=0 keep the gzip header free of the host's name and clock.
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as gz:
-                with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
-                    tar.addfile(_tarinfo(META_NAME, tarfile.REGTYPE, 0o644, len(meta_bytes)), io.BytesIO(meta_bytes))
-                    for path in sorted(set(files) | set(links)):
-                        if path in links:
-                            info = _tarinfo(path, tarfile.SYMTYPE, 0o777, 0)
-                            info.linkname = links[path]
-                            tar.addfile(info)
-                            continue
-                        source = stage_dir / path
-                        mode = 0o755 if path in executable else 0o644
-                        with open(source, "rb") as f:
-                            size = os.fstat(f.fileno()).st_size
-                            reader = _HashingReader(f)
-                            tar.addfile(_tarinfo(path, tarfile.REGTYPE, mode, size), reader)
-                        if reader.hash.hexdigest() != files[path]:
-                            raise PackRefused(stage_dir, f"{path} changed while it was being packed; build again")
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, out)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return out
-
-
-def _tarinfo(name: str, kind: bytes, mode: int, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.size = kind, mode, size
-    info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-    return info
-
-
-class _HashingReader:
-    """Hands a staged file to tarfile and hashes what it hands, so a file changed since it was
-    hashed for bundle.json is caught instead of packed under the wrong hash."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f = f
-        self.hash = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.hash.update(data)
-        return data
-
-
-def _scan_stage(stage_dir: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """Hash every regular file, read every symlink; refuse what an artifact cannot hold."""
-    files: dict[str, str] = {}
-    links: dict[str, str] = {}
-    executable: list[str] = []
-
-    def walk(folder: Path, prefix: str) -> None:
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            rel = prefix + entry.name
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                target = _clean_target(os.readlink(entry.path))
-                if why := _link_problem(rel, target):
-                    raise PackRefused(stage_dir, f"symlink {rel}: {why}")
-                links[rel] = target
-            elif stat.S_ISDIR(st.st_mode):
-                walk(Path(entry.path), rel + "/")  # empty folders are not kept: create them at run time
-            elif stat.S_ISREG(st.st_mode):
-                if why := _path_problem(rel) or _reserved(rel):
-                    raise PackRefused(stage_dir, f"file {rel!r}: {why}")
-                files[rel] = sha256_file(Path(entry.path))
-                if st.st_mode & 0o111:
-                    executable.append(rel)
-            else:
-                raise PackRefused(
-                    stage_dir, f"{rel} is a {_kind_of(st.st_mode)}; a bundle holds only files and symlinks"
-                )
-
-    walk(stage_dir, "")
-    return files, links, sorted(executable)
-
-
-def _kind_of(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "named pipe (fifo)"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "device file"
-    return "special file"
-
-
 def sha256_file(path: Path) -> str:
     """The sha256 of a file, read a MiB at a time (call it in a thread from async code)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
@@ -387,20 +270,20 @@ def sha256_file(path: Path) -> str:
 # Reading and verifying
 
 # What a damaged archive raises from inside gzip, zlib and tarfile.
-_CORRUPT = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
+CORRUPT = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError)
 
 
 def read_meta(artifact_path: Path) -> ArtifactMeta:
     """Read and check bundle.json only (the first member); the files are not verified."""
     artifact_path = Path(artifact_path)
     try:
-        with _open_stream(artifact_path) as tar:
-            return _read_meta_member(artifact_path, tar)
-    except _CORRUPT as e:
+        with open_stream(artifact_path) as tar:
+            return read_meta_member(artifact_path, tar)
+    except CORRUPT as e:
         raise ArtifactRefused(artifact_path, f"it is truncated or corrupt ({e}); build or fetch it again") from None
 
 
-def _open_stream(artifact_path: Path) -> tarfile.TarFile:
+def open_stream(artifact_path: Path) -> tarfile.TarFile:
     try:
         # Stream mode reads front to back once: no seeking, and a cut archive fails as it is read.
         return tarfile.open(artifact_path, mode="r|gz")
@@ -410,7 +293,7 @@ def _open_stream(artifact_path: Path) -> tarfile.TarFile:
         raise ArtifactRefused(artifact_path, "it is a folder; an artifact is a .tar.gz file") from None
 
 
-def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta:
+def read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta:
     first = tar.next()
     if first is None:
         raise ArtifactRefused(artifact_path, f"the archive is empty; it must start with {META_NAME}")
@@ -439,166 +322,6 @@ def _read_meta_member(artifact_path: Path, tar: tarfile.TarFile) -> ArtifactMeta
         meta = msgspec.convert(raw, ArtifactMeta)
     except msgspec.ValidationError as e:
         raise ArtifactRefused(artifact_path, f"{META_NAME} is invalid: {e}") from None
-    if why := _meta_problem(meta):
+    if why := meta_problem(meta):
         raise ArtifactRefused(artifact_path, why)
     return meta
-
-
-def verify_and_unpack(artifact_path: Path, dest_dir: Path, limits: ArtifactLimits | None = None) -> ArtifactMeta:
-    """Check every member against bundle.json and unpack into `dest_dir`, or refuse and touch nothing.
-
-    The archive is unpacked into a fresh folder beside `dest_dir` and renamed into place only when
-    all of it is verified; an existing `dest_dir` is replaced then, never before. `limits` bound
-    the packed size, the members and the bytes unpacked: each member's size is checked from its
-    header, before a byte of it is written.
-    """
-    artifact_path, dest_dir = Path(artifact_path), Path(dest_dir)
-    limits = limits or ArtifactLimits()
-    try:
-        packed = artifact_path.stat().st_size
-    except FileNotFoundError:
-        raise ArtifactRefused(artifact_path, "no such file") from None
-    if packed > limits.max_artifact_bytes:
-        raise ArtifactRefused(
-            artifact_path,
-            f"it is {packed} bytes; the node takes at most max_artifact_bytes = {limits.max_artifact_bytes}",
-        )
-    dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.unpack-", dir=dest_dir.parent))
-    try:
-        try:
-            with _open_stream(artifact_path) as tar:
-                meta = _read_meta_member(artifact_path, tar)
-                _unpack_members(artifact_path, tar, meta, work, _Budget(limits, packed))
-        except _CORRUPT as e:
-            raise ArtifactRefused(artifact_path, f"it is truncated or corrupt ({e}); build or fetch it again") from None
-        os.chmod(work, 0o755)
-        _swap_into_place(work, dest_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return meta
-
-
-class _Budget:
-    """What one artifact may still unpack: members and bytes, counted from the members' headers."""
-
-    def __init__(self, limits: ArtifactLimits, packed: int) -> None:
-        self.limits, self.packed = limits, packed
-        self.members, self.unpacked = 0, 0
-
-    def member_problem(self, size: int) -> str | None:
-        limits = self.limits
-        self.members += 1
-        self.unpacked += size
-        if self.members > limits.max_members:
-            return f"it holds more than max_members = {limits.max_members} files and links"
-        if self.unpacked > limits.max_unpacked_bytes:
-            return f"it unpacks to more than max_unpacked_bytes = {limits.max_unpacked_bytes} bytes"
-        if self.unpacked > limits.ratio_floor_bytes and self.unpacked > limits.max_ratio * self.packed:
-            return (
-                f"it unpacks to at least {self.unpacked} bytes from {self.packed} packed, over max_ratio = "
-                f"{limits.max_ratio} times its size: a compression bomb, not a bundle"
-            )
-        return None
-
-
-def _unpack_members(artifact_path: Path, tar: tarfile.TarFile, meta: ArtifactMeta, work: Path, budget: _Budget) -> None:
-    def refuse(reason: str) -> ArtifactRefused:
-        return ArtifactRefused(artifact_path, reason)
-
-    listed = len(meta.files) + len(meta.links)
-    if listed > budget.limits.max_members:
-        raise refuse(
-            f"{META_NAME} lists {listed} files and links; the node takes at most max_members = {budget.limits.max_members}"
-        )
-    seen: set[str] = set()
-    executable = set(meta.exec)
-    # tar.next(), not `for member in tar`: iteration would start over with bundle.json, already read.
-    while (member := tar.next()) is not None:
-        if why := budget.member_problem(max(member.size, 0)):
-            raise refuse(why)
-        name = member.name
-        if why := _path_problem(name):
-            raise refuse(f"member {name!r}: {why}")
-        if name in seen or name == META_NAME:
-            raise refuse(f"member {name!r} appears twice; each path is in the archive once")
-        seen.add(name)
-        if member.islnk():
-            raise refuse(f"member {name!r} is a hardlink (to {member.linkname!r}); a bundle holds no hardlinks")
-        if member.issym():
-            if name not in meta.links:
-                raise refuse(f"symlink {name!r} is not listed in {META_NAME}; every link must be listed")
-            if member.linkname != meta.links[name]:
-                raise refuse(
-                    f"symlink {name!r} points to {member.linkname!r}, but {META_NAME} says {meta.links[name]!r}"
-                )
-            # meta.links was checked to stay inside; parents must be real folders we made.
-            target = work / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(member.linkname, target)
-            continue
-        if not member.isreg():
-            raise refuse(f"member {name!r} is a {_member_kind(member)}; a bundle holds only files and symlinks")
-        if name not in meta.files:
-            raise refuse(f"file {name!r} is not listed in {META_NAME}; every file must be listed with its sha256")
-        _write_member(refuse, tar, member, work, meta.files[name], 0o755 if name in executable else 0o644)
-
-    missing = sorted((set(meta.files) | set(meta.links)) - seen)
-    if missing:
-        shown = ", ".join(repr(p) for p in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise refuse(f"{META_NAME} lists {shown}, missing from the archive; build the artifact again")
-
-
-def _write_member(
-    refuse: Callable[[str], ArtifactRefused],
-    tar: tarfile.TarFile,
-    member: tarfile.TarInfo,
-    work: Path,
-    expected: str,
-    mode: int,
-) -> None:
-    target = work / member.name
-    # No listed path lies under a listed link (checked in bundle.json), so these folders are real.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    source = tar.extractfile(member)
-    assert source is not None
-    h = hashlib.sha256()
-    # O_EXCL | O_NOFOLLOW: never write through a link or over something already unpacked.
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        while chunk := source.read(_CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-    if h.hexdigest() != expected:
-        raise refuse(
-            f"file {member.name!r} has sha256 {h.hexdigest()}, but {META_NAME} says {expected}; "
-            "the artifact was altered or damaged"
-        )
-    os.chmod(target, mode)
-
-
-def _member_kind(member: tarfile.TarInfo) -> str:
-    if member.isdir():
-        return "folder entry (format 1 lists only files and symlinks)"
-    if member.isfifo():
-        return "named pipe (fifo)"
-    if member.ischr() or member.isblk():
-        return "device file"
-    return f"member of tar type {member.type!r}"
-
-
-def _swap_into_place(work: Path, dest_dir: Path) -> None:
-    """Rename the verified folder to `dest_dir`, replacing an existing one only at this last step."""
-    if not dest_dir.exists() and not dest_dir.is_symlink():
-        os.rename(work, dest_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.old-", dir=dest_dir.parent))
-    os.rename(dest_dir, old / "d")
-    try:
-        os.rename(work, dest_dir)
-    except BaseException:
-        os.rename(old / "d", dest_dir)  # put the old one back: a failed swap leaves things as they were
-        shutil.rmtree(old, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -8,9 +8,11 @@ Packing the staged folder into the artifact (`bundle.json`, hashes, reproducible
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 from manifests import BundleManifest, LoadedModule
 
@@ -31,6 +33,55 @@ class BuildFailed(Exception):
     def __init__(self, language: str, bundle: str, command: list[str], output: str) -> None:
         self.language, self.bundle, self.command, self.output = language, bundle, command, output
         super().__init__(f"{language} build of bundle {bundle!r} failed: {' '.join(command)}\n{output}")
+
+
+def default_cache_dir() -> Path:
+    """Where the toolchains keep their caches: MESH_TOOLCHAIN_CACHE, else ~/.cache/mesh-node/toolchains."""
+    if os.environ.get("MESH_TOOLCHAIN_CACHE"):
+        return Path(os.environ["MESH_TOOLCHAIN_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mesh-node" / "toolchains"
+
+
+OUTPUT_TAIL_LINES = 40  # of a failed step's output, in BuildFailed
+
+
+def run_tool(
+    language: str,
+    bundle: str,
+    command: list[str],
+    *,
+    cwd: Path | str | None,
+    env: Mapping[str, str] | None,
+    timeout_s: float,
+    install: str,
+    stdin: str | None = None,
+    with_stderr: bool = False,
+) -> str:
+    """Run one build step of a toolchain: its stdout on success; BuildFailed with the output's tail
+    when it fails or runs past `timeout_s`; ToolchainMissing (saying `install`) when the tool is absent.
+
+    `with_stderr`: what it printed on both, for a tool that warns on stderr (esbuild). Every toolchain's
+    steps go through here, so each has a timeout and fails the same way."""
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            input=stdin,
+            stdin=subprocess.DEVNULL if stdin is None else None,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildFailed(language, bundle, command, f"timed out after {timeout_s:g} s") from None
+    except FileNotFoundError:
+        raise ToolchainMissing(language, command[0], install) from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
+        raise BuildFailed(language, bundle, command, tail)
+    return (proc.stdout + proc.stderr).strip() if with_stderr else proc.stdout
 
 
 @dataclass(frozen=True)

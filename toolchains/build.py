@@ -19,9 +19,10 @@ from typing import Callable
 from manifests import BundleManifest, LoadedModule, load_module
 from manifests.check import refuse_own_image
 
-from .artifact import INTERPRETERS, ArtifactMeta, pack, read_meta
-from .base import BuildContext, BuildOutput, Toolchain
+from .artifact import INTERPRETERS, ArtifactMeta, read_meta
+from .base import BuildContext, BuildOutput, Toolchain, default_cache_dir
 from .cache_bound import CacheBound
+from .pack import pack
 from .packaged import build_package, is_packaged
 
 PROJECT_NAME = "mesh-node"  # pyproject's [project] name: how repo_root knows this checkout
@@ -61,13 +62,6 @@ def get_toolchain(language: str) -> Toolchain:
     if getattr(toolchain, "language", None) != language:
         raise UnknownToolchain(language, f"{name}.TOOLCHAIN says it builds {getattr(toolchain, 'language', None)!r}")
     return toolchain
-
-
-def default_cache_dir() -> Path:
-    if os.environ.get("MESH_TOOLCHAIN_CACHE"):
-        return Path(os.environ["MESH_TOOLCHAIN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mesh-node" / "toolchains"
 
 
 def find_repo_root(start: Path) -> Path | None:

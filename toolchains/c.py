@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing, run_tool
 
 COMPILER = "gcc"
 JSON_PACKAGE = "libjansson-dev"  # header and static library of jansson, the SDK's JSON library
@@ -23,7 +23,6 @@ LDFLAGS = ["-s", "-Wl,-z,relro,-z,now", "-Wl,--as-needed"]
 LIBS = ["-l:libjansson.a"]  # the static archive by name: the bundle carries jansson inside
 ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 TIMEOUT_S = 600
-OUTPUT_TAIL = 4000
 
 
 class CToolchain:
@@ -138,14 +137,7 @@ def _run_quiet(cmd: list[str], stdin: str = "") -> subprocess.CompletedProcess[s
 
 
 def _compile(bundle: str, cmd: list[str]) -> None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=TIMEOUT_S)
-    except FileNotFoundError:
-        raise ToolchainMissing("c", cmd[0], f"apt-get install {COMPILER}") from None
-    except subprocess.TimeoutExpired:
-        raise BuildFailed("c", bundle, cmd, f"gave up after {TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        raise BuildFailed("c", bundle, cmd, (done.stdout + done.stderr)[-OUTPUT_TAIL:])
+    run_tool("c", bundle, cmd, cwd=None, env=_env(), timeout_s=TIMEOUT_S, install=f"apt-get install {COMPILER}")
 
 
 TOOLCHAIN = CToolchain()

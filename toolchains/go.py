@@ -19,11 +19,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing, run_tool
 from .cache_bound import Kept, holding
 
 INSTALL_HINT = (
@@ -31,7 +30,6 @@ INSTALL_HINT = (
     "(or `apt-get install golang-go`; an older go fetches the newer toolchain itself)"
 )
 BUILD_TIMEOUT_S = 900  # a cold module download plus a cold build cache on a small machine
-OUTPUT_TAIL_LINES = 40
 SDK_MODULE = "mesh.local/sdk/go"
 _SDK_REPLACE = re.compile(r"^\s*replace\s+" + re.escape(SDK_MODULE) + r"(?:\s+\S+)?\s*=>\s*(\S+)\s*$", re.M)
 _GO_LINE = re.compile(r"^go\s+(\S+)\s*$", re.M)
@@ -150,18 +148,9 @@ def _build_env(ctx: BuildContext) -> dict[str, str]:
 
 
 def _run(ctx: BuildContext, command: list[str], env: dict[str, str]) -> str:
-    try:
-        proc = subprocess.run(
-            command, cwd=ctx.source_dir, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        raise BuildFailed("go", ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s") from None
-    except FileNotFoundError:
-        raise ToolchainMissing("go", "go", INSTALL_HINT) from None
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
-        raise BuildFailed("go", ctx.bundle.name, command, tail)
-    return proc.stdout
+    return run_tool(
+        "go", ctx.bundle.name, command, cwd=ctx.source_dir, env=env, timeout_s=BUILD_TIMEOUT_S, install=INSTALL_HINT
+    )
 
 
 TOOLCHAIN = GoToolchain()

@@ -25,12 +25,12 @@ from pathlib import Path
 from manifests import BundleManifest
 from manifests.imported import PackageLock, is_package_bundle, read_lock
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, default_cache_dir, run_tool
 from .cache_bound import Kept, holding
 from .python import VENDOR, _normalise_vendor, _platform_if_native
+from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env, _prune
 
 BUILD_TIMEOUT_S = 900
-OUTPUT_TAIL_LINES = 30
 LOCKS = {"npm": ("package.json", "package-lock.json"), "pypi": ("requirements.txt",), "go": (), "cargo": ()}
 
 
@@ -38,7 +38,6 @@ def package_cache_dir() -> Path:
     """Where imports fetch to and package builds read from: MESH_PACKAGE_CACHE, else beside the toolchains' cache."""
     if os.environ.get("MESH_PACKAGE_CACHE"):
         return Path(os.environ["MESH_PACKAGE_CACHE"])
-    from .build import default_cache_dir
 
     return default_cache_dir() / "packages"
 
@@ -123,20 +122,10 @@ def build_package(ctx: BuildContext) -> BuildOutput:
 
 
 def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) -> str:
-    try:
-        proc = subprocess.run(
-            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
-    except FileNotFoundError:
-        raise ToolchainMissing(ctx.bundle.language, command[0], f"install {command[0]}") from None
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(
-            ctx.bundle.language, ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s"
-        ) from None
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
-        raise BuildFailed(ctx.bundle.language, ctx.bundle.name, command, tail)
-    return proc.stdout
+    language = ctx.bundle.language
+    return run_tool(
+        language, ctx.bundle.name, command, cwd=cwd, env=env, timeout_s=BUILD_TIMEOUT_S, install=f"install {command[0]}"
+    )
 
 
 def _npm(ctx: BuildContext) -> BuildOutput:
@@ -226,8 +215,6 @@ def _go(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
 
 
 def _cargo(ctx: BuildContext, lock: PackageLock) -> BuildOutput:
-    from .rust import ARCHES, JOBS, TOOLCHAIN, _build_env, _prune
-
     cargo, host, _release = TOOLCHAIN._tools()
     binary = lock.entry[0].removeprefix("bin/")
     crate = next(f for f in lock.fetched if f.name == lock.package and f.version == lock.version)

@@ -22,11 +22,10 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing, run_tool
 
 VENDOR = "_vendor"
 # Never staged: caches, virtual environments, VCS data, a vendor folder from an earlier build.
@@ -35,7 +34,7 @@ _SKIP_SUFFIXES = (".pyc", ".pyo")
 # Distributions that come from this checkout, never pinned from the builder's environment.
 _LOCAL_DISTS = frozenset({"mesh-sdk", "mesh-node"})
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-_OUTPUT_TAIL = 4000
+BUILD_TIMEOUT_S = 900  # pip vendoring wheels from a cold cache on a slow link
 
 
 class PythonToolchain:
@@ -65,10 +64,15 @@ class PythonToolchain:
             return BuildOutput()
         ctx.log(f"python: vendoring dependencies of {ctx.bundle.name!r} into {VENDOR}/")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", SOURCE_DATE_EPOCH="315532800", PIP_NO_INPUT="1")
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ctx.cache_dir)
-        if proc.returncode != 0:
-            output = (proc.stdout + proc.stderr)[-_OUTPUT_TAIL:]
-            raise BuildFailed("python", ctx.bundle.name, command, output)
+        run_tool(
+            "python",
+            ctx.bundle.name,
+            command,
+            cwd=ctx.cache_dir,
+            env=env,
+            timeout_s=BUILD_TIMEOUT_S,
+            install="python3 -m ensurepip (pip vendors the dependencies)",
+        )
         _normalise_vendor(vendor)
         out_os, arch = _platform_if_native(vendor)
         return BuildOutput(env={"PYTHONPATH": "{bundle_dir}/" + VENDOR}, os=out_os, arch=arch)

@@ -38,7 +38,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing, run_tool
 from .cache_bound import CacheBound, Kept, holding, prune
 
 LANGUAGE = "rust"
@@ -51,7 +51,6 @@ ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 # Two cores on the project's machines: more jobs only add memory pressure.
 JOBS = max(1, min(2, os.cpu_count() or 1))
 BUILD_TIMEOUT_S = 1800  # a cold crates download plus a cold release build on a small machine
-OUTPUT_TAIL_LINES = 40
 
 
 class RustToolchain:
@@ -320,15 +319,7 @@ def _build_env(cargo: str, workspace: Path, target: Path) -> dict[str, str]:
 
 
 def _run(ctx: BuildContext, command: list[str], cwd: Path, env: dict[str, str]) -> None:
-    try:
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s") from None
-    except FileNotFoundError:
-        raise ToolchainMissing(LANGUAGE, "cargo", INSTALL_HINT) from None
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-OUTPUT_TAIL_LINES:])
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, tail)
+    run_tool(LANGUAGE, ctx.bundle.name, command, cwd=cwd, env=env, timeout_s=BUILD_TIMEOUT_S, install=INSTALL_HINT)
 
 
 TOOLCHAIN = RustToolchain()

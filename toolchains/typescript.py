@@ -37,7 +37,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing
+from .base import BuildContext, BuildFailed, BuildOutput, ToolchainMissing, run_tool
 from .cache_bound import Kept, holding, prune
 
 LANGUAGE = "typescript"
@@ -49,7 +49,6 @@ INSTALL_HINT = (
     "(Debian 13 and later) or from https://nodejs.org/en/download"
 )
 BUILD_TIMEOUT_S = 900  # a cold npm cache on a slow link
-OUTPUT_TAIL_LINES = 40
 DEPENDENCY_FIELDS = ("dependencies", "devDependencies", "optionalDependencies")
 SCRATCH_PREFIX = "ts-build-"  # a scratch per build (before issue 16); swept when stale
 SHARED_PREFIX = "ts-shared-"  # a scratch per set of packages and lock files, kept
@@ -336,17 +335,16 @@ def _run(ctx: BuildContext, command: list[str], cwd: Path) -> str:
     env = dict(os.environ)
     # npm's nags and update checks are noise in a build log and a network call an offline build must not make.
     env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false", "npm_config_audit": "false"})
-    try:
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, f"timed out after {BUILD_TIMEOUT_S}s") from None
-    except FileNotFoundError:
-        raise ToolchainMissing(LANGUAGE, command[0], INSTALL_HINT) from None
-    output = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
-        tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
-        raise BuildFailed(LANGUAGE, ctx.bundle.name, command, tail)
-    return output
+    return run_tool(
+        LANGUAGE,
+        ctx.bundle.name,
+        command,
+        cwd=cwd,
+        env=env,
+        timeout_s=BUILD_TIMEOUT_S,
+        install=INSTALL_HINT,
+        with_stderr=True,
+    )
 
 
 TOOLCHAIN = TypeScriptToolchain()

@@ -14,8 +14,9 @@ from manifests import LoadedModule, load_module
 from manifests.check import refuse_own_image
 from runtime.hosting.placement import Placement
 from runtime.wire.membership import ArtifactRef, DeliveryError, ModuleRef
-from toolchains.artifact import ArtifactLimits, platform_problem, read_meta, sha256_file, verify_and_unpack
+from toolchains.artifact import ArtifactLimits, platform_problem, read_meta, sha256_file
 from toolchains.bytecode import compile_bytecode
+from toolchains.verify import verify_and_unpack
 
 
 class _BoundedFile:

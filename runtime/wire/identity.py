@@ -14,6 +14,7 @@ Nothing else in a request (its arguments, other headers, an `_meta` in the argum
 from __future__ import annotations
 
 import getpass
+import os
 from typing import Literal
 
 import msgspec
@@ -99,8 +100,6 @@ def _os_user() -> str:
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container's numeric uid): still someone
-        import os
-
         return f"uid-{os.getuid()}"
 
 

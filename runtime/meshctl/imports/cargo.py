@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
-from runtime.meshctl.imports.core import Fetch, Resolved
+from runtime.meshctl.imports.fetch import Fetch, Resolved
 from toolchains.packaged import cargo_env, cargo_home
 
 

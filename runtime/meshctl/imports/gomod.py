@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from manifests.imported import Fetched, PackageLock
-from runtime.meshctl.imports.core import Fetch, Resolved
+from runtime.meshctl.imports.fetch import Fetch, Resolved
 from toolchains.packaged import go_env
 
 

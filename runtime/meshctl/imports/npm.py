@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from manifests.imported import Fetched, PackageLock
-from runtime.meshctl.imports.core import Fetch, Resolved
+from runtime.meshctl.imports.fetch import Fetch, Resolved
 from toolchains.packaged import npm_env
 
 # The one package.json of the import's own folder: a private package that depends on the server.

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from manifests.imported import Fetched, PackageLock
-from runtime.meshctl.imports.core import Fetch, Resolved
+from runtime.meshctl.imports.fetch import Fetch, Resolved
 
 REQUIREMENTS = "requirements.txt"
 _WHEEL_RE = re.compile(
