@@ -7,6 +7,22 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
+# Everything setup reads, and the tools it runs: a second run with the same stamp only says so.
+stamp_of() {
+  {
+    git ls-files -s -- pyproject.toml scripts sdk tests/data/imports.txt tests/clients '*package-lock.json' \
+      '*Cargo.lock' '*go.sum' '*requirements.txt' 2>/dev/null
+    git diff HEAD -- pyproject.toml scripts sdk tests/clients/package.json 2>/dev/null
+    for tool in python3 go cargo node npm gcc; do command -v "$tool" >/dev/null && "$tool" --version 2>&1 | head -1; done
+  } | sha256sum | cut -d' ' -f1
+}
+stamp_file=.venv/.setup-stamp
+stamp="$(stamp_of)"
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && [ -z "${MESH_SETUP_AGAIN:-}" ]; then
+  echo "setup: up to date (nothing it reads changed; MESH_SETUP_AGAIN=1 runs it again)"
+  exit 0
+fi
+
 python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($python --version)"
@@ -25,4 +41,5 @@ for lang in c go rust typescript systemd imports; do
     bash "$script"
   fi
 done
+echo "$stamp" > "$stamp_file"
 echo "setup: done. Run a node with: .venv/bin/meshctl node run --manifests bundles"

@@ -87,14 +87,15 @@ class Serving:
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, reaper: Reaper | None = None) -> None:
+        """`reaper`: the watchdog of the node's children (default: one of its own, started by `run`)."""
         self.config = config
         self.name = config.name
         self.state_dir = Path(config.state_dir)
         self.problems: list[str] = []  # modules not loaded at start (the CLI names them)
         self.url = ""
         self.run_id = uuid.uuid4().hex[:16]
-        self.reaper = Reaper(self.run_id)
+        self.reaper = reaper or Reaper(self.run_id)
         self.serving: Serving | None = None  # while the bus answers
         self._accounts: EmbeddedAccounts | None = None  # the embedded bus's caller accounts, when configured
         self._stop = anyio.Event()

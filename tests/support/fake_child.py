@@ -50,13 +50,21 @@ class Script:
     children: list[Behaviour] = field(default_factory=list)
     default: Behaviour = field(default_factory=lambda: Behaviour(answer=echo))
     started: list[FakeChild] = field(default_factory=list)
+    # A node's children, by the module they are of (MESH_MODULE): each module's starts in order,
+    # its last behaviour again for every later start.
+    modules: dict[str, list[Behaviour]] = field(default_factory=dict)
 
-    def next(self) -> Behaviour:
+    def next(self, spec: ChildSpec | None = None) -> Behaviour:
+        module = spec.env.get("MESH_MODULE") if spec is not None else None
+        if module in self.modules:
+            queue = self.modules[module]
+            return queue.pop(0) if len(queue) > 1 else queue[0]
         return self.children.pop(0) if self.children else self.default
 
 
 class FakeChild:
     script: Script
+    spec: ChildSpec | None = None  # what the runner asked to start
 
     def __init__(
         self, behaviour: Behaviour, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
@@ -84,10 +92,11 @@ class FakeChild:
     async def spawn(
         cls, spec: ChildSpec, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None]
     ) -> FakeChild:
-        behaviour = cls.script.next()
+        behaviour = cls.script.next(spec)
         if behaviour.unstartable:
             raise FileNotFoundError(2, "No such file or directory", spec.argv[0])
         child = cls(behaviour, on_stdout, on_stderr)
+        child.spec = spec
         cls.script.started.append(child)
         return child
 

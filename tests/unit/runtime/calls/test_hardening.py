@@ -14,8 +14,8 @@ from nats.aio.msg import Msg
 
 from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.wire.errors import HEADER_CODE
-from tests.runtime.test_dispatch import Bus, Mesh
 from tests.support.fake_child import Behaviour, OnTools, RecordingRunner, Script, echo, runner_spec
+from tests.unit.runtime.calls.test_dispatch import Bus, Mesh
 
 
 def _mesh(**spec: Any) -> Mesh:

@@ -33,7 +33,7 @@ from runtime.hosting.units import (
 )
 from toolchains.base import ToolchainMissing
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[4]
 MESHCTL = Path(sys.executable).parent / "meshctl"
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from runtime.calls.identity import CallerStamp
 from runtime.wire.identity import REQUEST_INFO, local_caller
-from tests.runtime.test_dispatch import Mesh, end, new_mesh
 from tests.support.fake_child import Script
+from tests.unit.runtime.calls.test_dispatch import Mesh, end, new_mesh
 
 LOCAL = {"account": "ops", "user": "admin", "name": None, "via": "local"}
 ALICE = {"account": "alice", "user": "alice", "name": "alice-cli", "via": "bus"}

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 
-SDK = Path(__file__).resolve().parent.parent / "sdk" / "python"
+SDK = Path(__file__).resolve().parents[3] / "sdk" / "python"
 if str(SDK) not in sys.path:
     sys.path.insert(0, str(SDK))
 

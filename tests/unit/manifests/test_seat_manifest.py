@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from manifests import ManifestError, load_module
-from tests.test_manifests import GOOD, write_module
+from tests.unit.manifests.test_manifests import GOOD, write_module
 
 
 def _seat(tmp_path: Path, lines: str):

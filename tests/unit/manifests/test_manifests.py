@@ -23,7 +23,7 @@ from manifests import LoadedModule, ManifestError, Problem, load_module
 from manifests.check import check_path, is_runtime_image
 from manifests.model import KINDS, LANGUAGES, NAME_RE
 
-DATA = Path(__file__).parent / "data" / "manifests"
+DATA = Path(__file__).resolve().parents[2] / "data" / "manifests"
 
 # A valid manifest; each loader case below changes one line of it.
 GOOD = """\
@@ -280,7 +280,7 @@ def test_minimal_manifest_defaults(tmp_path: Path) -> None:
 
 
 def test_the_repository_bundles_load() -> None:
-    bundles = Path(__file__).parent.parent / "bundles"
+    bundles = Path(__file__).resolve().parents[3] / "bundles"
     folders = sorted(p for p in bundles.iterdir() if (p / "module.toml").is_file())
     assert folders
     for folder in folders:
