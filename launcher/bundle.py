@@ -242,6 +242,11 @@ class BundleRunner(Supervised):
             while self._slots.used > 0:
                 await anyio.sleep(0.01)
 
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for a free slot."""
+        return self._slots.waiting
+
     def status(self) -> BundleStatus:
         session = self._session
         return bundle_status(

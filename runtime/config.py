@@ -41,6 +41,9 @@ password = "..."                    # none: generated into <state_dir>/callers/<
 [services]
 host = "auto"                       # auto | node | systemd: who runs service bundles
 
+[metrics]
+listen = "127.0.0.1:9464"           # Prometheus text at http://127.0.0.1:9464/metrics (or --metrics ADDR)
+
 [build_cache]                       # what the toolchains keep between builds (MESH_TOOLCHAIN_CACHE)
 max_age_days = 14                   # a kept build folder unused this long is removed
 max_size_gb = 10                    # per toolchain: beyond it the least recently used go first
@@ -121,6 +124,11 @@ class ServicesConfig(msgspec.Struct, forbid_unknown_fields=True):
     unit_dir: str = "/run/systemd/system"
 
 
+class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # HOST:PORT of Prometheus' /metrics (runtime/node/metrics.py); none: no metrics endpoint.
+    listen: str | None = None
+
+
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str = ""
     state_dir: str = ""
@@ -143,6 +151,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     seats: SeatsConfig = msgspec.field(default_factory=SeatsConfig)
     services: ServicesConfig = msgspec.field(default_factory=ServicesConfig)
     build_cache: CacheBound = msgspec.field(default_factory=CacheBound)  # toolchains/cache_bound.py
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
 
 class ConfigError(Exception):
@@ -208,6 +217,8 @@ def _problem(config: NodeConfig) -> str | None:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
     if why := bound_problem(config.build_cache):
         return why
+    if config.metrics.listen is not None and (why := listen_problem(config.metrics.listen)):
+        return f"metrics.listen: {why}"
     seen: set[str] = set()
     for i, c in enumerate(config.nats.caller):
         for field, value in (("account", c.account), ("user", c.user)):
@@ -223,6 +234,14 @@ def _problem(config: NodeConfig) -> str | None:
                 f"nats.caller[{i}]: caller accounts are written into the embedded server's config; with "
                 "nats.url set, configure accounts on that server (see README, Who is calling)"
             )
+    return None
+
+
+def listen_problem(text: str) -> str | None:
+    """Why `text` is not HOST:PORT to listen on (port 0: any free one), or None."""
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        return f"is {text!r}; write HOST:PORT, e.g. 127.0.0.1:9464"
     return None
 
 

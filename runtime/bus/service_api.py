@@ -9,6 +9,7 @@ node answers the (small) Service API protocol itself; `nats micro ls/info/stats`
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import logging
 from typing import Any, Awaitable, Callable, Iterable, Protocol
@@ -27,24 +28,39 @@ log = logging.getLogger("mesh.service")
 _encode = msgspec.json.encode
 
 
-class EndpointStats:
-    """One endpoint's Service API counters; kept by subject across route rebuilds (calls/routes.py)."""
+# Upper bounds of the call duration histogram, in seconds: a node answers in well under a
+# millisecond, a tool in anything up to minutes.
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
-    __slots__ = ("num_requests", "num_errors", "last_error", "processing_ns")
+
+class EndpointStats:
+    """One endpoint's counters: the Service API's, and what `/metrics` shows (runtime/node/metrics.py).
+
+    Kept by subject across route rebuilds (calls/routes.py); recorded once per answer, on the event
+    loop, with no lock: a scrape reads them on the same loop."""
+
+    __slots__ = ("num_requests", "num_errors", "last_error", "processing_ns", "codes", "buckets", "seconds")
 
     def __init__(self) -> None:
         self.num_requests = 0
         self.num_errors = 0
         self.last_error = ""
         self.processing_ns = 0
+        self.codes: dict[str, int] = {}  # "ok", "tool_error" or the runtime's error code -> answers
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)  # the last: above every bound
+        self.seconds = 0.0
 
-    def record(self, elapsed_ns: int, error: str | None) -> None:
+    def record(self, elapsed_ns: int, error: str | None, code: str = "ok") -> None:
         """One answered request (an error reply is recorded once, here, as micro's respondError does)."""
         self.num_requests += 1
         self.processing_ns += elapsed_ns
         if error is not None:
             self.num_errors += 1
             self.last_error = error[:512]
+        self.codes[code] = self.codes.get(code, 0) + 1
+        elapsed = elapsed_ns / 1e9
+        self.seconds += elapsed
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS, elapsed)] += 1
 
 
 class Endpoint(Protocol):

@@ -73,8 +73,9 @@ _decode_progress = msgspec.json.Decoder(_ProgressParams).decode
 class Progress:
     """One call's progress frames to its reply subject, in order, with keepalives between them."""
 
-    def __init__(self, nc: Client, reply: str, keepalive_s: float, owner: object) -> None:
+    def __init__(self, nc: Client, reply: str, keepalive_s: float, owner: object, desk: CallDesk | None = None) -> None:
         self.nc, self.reply, self.keepalive_s, self.owner = nc, reply, keepalive_s, owner
+        self.desk = desk  # counts the frames sent (metrics)
         self.frames: collections.deque[bytes] = collections.deque(maxlen=FRAMES_WAITING)
         self.dropped = 0
         self.stopped = False  # the call was cancelled: nothing more goes to its caller
@@ -133,6 +134,8 @@ class Progress:
     async def _flush(self) -> None:
         while self.frames:
             await self._publish(self.frames.popleft(), FRAME_PROGRESS)
+            if self.desk is not None:
+                self.desk.progress_frames += 1
 
     async def _publish(self, body: bytes, kind: str) -> None:
         if self.stopped:
@@ -197,6 +200,7 @@ class CallDesk:
         self._early: collections.OrderedDict[str, tuple[str | None, float]] = collections.OrderedDict()
         self._subs: list[Subscription] = []
         self.cancels_honoured = 0
+        self.progress_frames = 0  # progress frames published to callers
         self.cancels_ignored = 0
 
     async def start(self, queue_group: str) -> None:
@@ -236,7 +240,7 @@ class CallDesk:
         if options.progress and msg.reply:
             self._next_token += 1
             call.token = self._next_token
-            call.progress = Progress(self.nc, msg.reply, self.settings.keepalive_s, owner)
+            call.progress = Progress(self.nc, msg.reply, self.settings.keepalive_s, owner, self)
             self._by_token[call.token] = call
         return call
 

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 
 from launcher.bundle import STARTING_STATES, BundleRunner, Pending
 from launcher.errors import BundleOverloaded, BundleUnavailable, CallTimedOut, ChildError, LauncherError
+from runtime.bus.service_api import EndpointStats
 from runtime.calls.desk import CallDesk, OpenCall, call_meta
 from runtime.calls.identity import CallerStamp
 from runtime.calls.routes import Route, RouteTable
@@ -41,6 +42,24 @@ log = logging.getLogger("mesh.dispatch")
 
 _check_object = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _EMPTY = b"{}"
+TOOL_ERROR = "tool_error"  # a CallToolResult with isError: the tool answered, and said it failed
+
+
+class _Outcome(msgspec.Struct):
+    isError: bool = False
+
+
+_outcome = msgspec.json.Decoder(_Outcome).decode
+
+
+def _is_tool_error(body: bytes) -> bool:
+    """Whether a child's result says `isError: true`; read only when the key is there at all."""
+    if b'"isError"' not in body:
+        return False
+    try:
+        return _outcome(body).isError
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
 
 
 class Dispatcher:
@@ -61,6 +80,7 @@ class Dispatcher:
         self.node = node
         self.in_flight = 0
         self.answered = 0
+        self.unrouted = EndpointStats()  # calls to a subject no route serves: one series, whatever the subject
         self._idle: asyncio.Event | None = None  # made only when someone waits for it
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()
@@ -228,8 +248,12 @@ class Dispatcher:
             if call is None or not call.cancelled:
                 await self._reply(msg, body, error, headers)
         finally:
-            if route is not None:
-                route.stats.record(time.perf_counter_ns() - started, None if error is None else f"{error.code}:{error}")
+            elapsed = time.perf_counter_ns() - started
+            stats = route.stats if route is not None else self.unrouted
+            if error is None:
+                stats.record(elapsed, None, TOOL_ERROR if _is_tool_error(body) else "ok")
+            else:
+                stats.record(elapsed, f"{error.code}:{error}", str(error.code))
             self.answered += 1
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:

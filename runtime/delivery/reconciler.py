@@ -18,7 +18,7 @@ import msgspec
 from nats.aio.client import Client
 
 from manifests import ManifestError
-from manifests.load import shown, version_problem
+from manifests.load import name_problem, shown, version_problem
 from runtime.delivery.fetch import fetch
 from runtime.hosting.placement import Placement
 from runtime.hosting.steps import StepFailed
@@ -72,6 +72,9 @@ class Reconciler:
         self.current: dict[str, ModuleRef] = {}
         # Versions refused, as they were asked for: the same entry again is not fetched or logged again.
         self.refused: dict[str, ModuleRef | bytes] = {}
+        # (module, result) -> count, for /metrics: added, upgraded, removed, refused. A name that is
+        # not one (a hostile entry) counts as "(invalid)", so a writer cannot grow the series.
+        self.deliveries: dict[tuple[str, str], int] = {}
 
     async def run(self) -> None:
         """Owned by the node's task group; ends when cancelled."""
@@ -122,6 +125,7 @@ class Reconciler:
             except Exception as e:  # a failed stop is named; the membership no longer holds the module
                 log.error("membership: removing module %s failed: %s: %s", name, type(e).__name__, e)
             del self.current[name]
+            self._count(name, "removed")
             self.members.delivery_report(name, None)
         for name in sorted(set(self.refused) - set(wanted.modules) - set(broken)):
             del self.refused[name]
@@ -153,6 +157,7 @@ class Reconciler:
         # The version that runs keeps running; the refusal is named, once.
         log.error("membership: module %s %s refused: %s", label, version, reason)
         self.refused[name] = ref
+        self._count(name, "refused")
         self.members.delivery_report(label, f"{version} refused: {reason}")
 
     async def _apply(self, obs: object, name: str, ref: ModuleRef) -> None:
@@ -176,5 +181,10 @@ class Reconciler:
                         log.error("membership: cleaning up module %s failed: %s", name, e)
             raise
         self.current[name] = ref
+        self._count(name, "upgraded" if upgrade else "added")
         self.refused.pop(name, None)
         self.members.delivery_report(name, None)
+
+    def _count(self, name: str, result: str) -> None:
+        module = name if name_problem(name) is None else "(invalid)"
+        self.deliveries[(module, result)] = self.deliveries.get((module, result), 0) + 1

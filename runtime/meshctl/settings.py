@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from runtime.bus.info import read_bus_info
-from runtime.config import ConfigError, NatsConfig, NodeConfig, default_state_dir, load_config
+from runtime.config import ConfigError, NatsConfig, NodeConfig, default_state_dir, listen_problem, load_config
 from runtime.meshctl.errors import MeshError
 
 
@@ -71,6 +71,11 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     port = getattr(args, "embedded_port", None)
     if port is not None:
         nats = msgspec.structs.replace(nats, embedded_port=port)
+    metrics = getattr(args, "metrics", None)
+    if metrics:
+        if why := listen_problem(metrics):
+            raise MeshError(f"--metrics {why}")
+        changes["metrics"] = msgspec.structs.replace(config.metrics, listen=metrics)
     return msgspec.structs.replace(config, nats=nats, **changes)
 
 

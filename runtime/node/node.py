@@ -38,6 +38,7 @@ from runtime.delivery.reconciler import Reconciler
 from runtime.hosting.placement import Placement
 from runtime.node.changes import ChangeNotice
 from runtime.node.control import Control
+from runtime.node.metrics import MetricsServer, NodeParts, registry_of
 from runtime.node.modules import ModuleHost, Wiring
 from runtime.wire.control import NodeStatus
 from runtime.wire.identity import local_caller
@@ -97,6 +98,7 @@ class Node:
         self.run_id = uuid.uuid4().hex[:16]
         self.reaper = reaper or Reaper(self.run_id)
         self.serving: Serving | None = None  # while the bus answers
+        self.metrics: MetricsServer | None = None  # /metrics, when [metrics] listen says where
         self._accounts: EmbeddedAccounts | None = None  # the embedded bus's caller accounts, when configured
         self._stop = anyio.Event()
         self._ready = anyio.Event()
@@ -251,9 +253,14 @@ class Node:
                 await modules.add_module(placement, claim_seats=False)
             for placement in placements:
                 await modules.claim_seats(placement, None)
+            reconciler: Reconciler | None = None
             if self.config.membership:
                 reconciler = Reconciler(nc, self.name, self.state_dir, modules, limits=self.config.delivery)
                 watchers_tg.start_soon(reconciler.run)
+            if self.config.metrics.listen:
+                parts = NodeParts(modules, serving.dispatcher, serving.desk, lambda: reconciler)
+                self.metrics = MetricsServer(self.config.metrics.listen, registry_of(parts))
+                await watchers_tg.start(self.metrics.run)
             log.info(
                 "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                 "`meshctl call tool.<module>.<tool> '{...}'`",

@@ -66,6 +66,7 @@ class SeatKeeper:
         self.home = ""  # the node whose disk holds the data, when it is not this one
         self.reason = ""
         self.silent = False  # the holder does not answer its ping
+        self.renewals_failed = 0  # renewals of a held lease that did not go through (metrics)
         ttl = leases.ttl_s
         self.interval = min(ttl / 3, 1.0)
         self._held: Held | None = None
@@ -92,6 +93,8 @@ class SeatKeeper:
                 try:
                     await self.look()
                 except Exception as e:  # the bus is away: the next round tries again
+                    if self._held is not None:
+                        self.renewals_failed += 1
                     log.warning("seat %s: cannot reach the lease (%s: %s)", self.seat, type(e).__name__, e)
                     try:
                         await self._check_validity()
@@ -188,6 +191,7 @@ class SeatKeeper:
             self._held = await self.leases.renew(self._held)
             self._renewed_at = started
         except LeaseLost as e:
+            self.renewals_failed += 1
             await self._lose(str(e))
             await self.look()  # learn at once who holds it now
 

@@ -40,6 +40,9 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     run.add_argument("--name", help="the node's name (default: the host name)")
     run.add_argument("--embedded-port", type=int, help="port of the embedded NATS server (default 4222, or a free one)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics ([metrics] listen)"
+    )
     run.set_defaults(func=cmd_node_run)
 
     status = node_verbs.add_parser(
