@@ -179,6 +179,9 @@ class ServiceApi:
         if subject in self._groups:
             return
         self._groups[subject] = await self.nc.subscribe(subject, queue=self.queue_group, cb=self._on_request)
+        # Once the server has it: whoever is told "served" next (status, a change notice) may call at
+        # once, from another connection, and must not meet "no responders" (seen in tests/node).
+        await self.nc.flush()
 
     async def unserve(self, subject: str) -> None:
         """Stop taking requests on `subject`; the ones already delivered are still handled."""

@@ -9,6 +9,7 @@ rendered here, once, at the answer; a launcher error becomes a wire error in one
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 
@@ -23,6 +24,7 @@ from runtime.bus.service_api import EndpointStats
 from runtime.calls.desk import CallDesk, OpenCall, call_meta
 from runtime.calls.identity import CallerStamp
 from runtime.calls.routes import Route, RouteTable
+from runtime.calls.tracing import CURRENT, CallSpan, Tracing
 from runtime.wire.callproto import request_account
 from runtime.wire.errors import (
     BadRequest,
@@ -62,6 +64,19 @@ def _is_tool_error(body: bytes) -> bool:
         return False
 
 
+class Arrival:
+    """One request as it arrived: the message, when (loop clock, and the clock its stats use), its
+    options (the call protocol's, as one value; None for a plain request) and its span (None when
+    tracing is off)."""
+
+    __slots__ = ("msg", "arrived", "started", "call", "span")
+
+    def __init__(self, msg: Msg, arrived: float, started: int) -> None:
+        self.msg, self.arrived, self.started = msg, arrived, started
+        self.call: OpenCall | None = None
+        self.span: CallSpan | None = None
+
+
 class Dispatcher:
     """Answers requests; owns one task per request in flight until it is answered.
 
@@ -70,8 +85,15 @@ class Dispatcher:
     """
 
     def __init__(
-        self, nc: Client, table: RouteTable, node: str, desk: CallDesk | None = None, stamp: CallerStamp | None = None
+        self,
+        nc: Client,
+        table: RouteTable,
+        node: str,
+        desk: CallDesk | None = None,
+        stamp: CallerStamp | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.tracing = tracing  # OpenTelemetry, when the environment asks for it (calls/tracing.py)
         self.nc = nc
         self.desk = desk  # the call protocol's options (Mesh-* headers, docs/bus.md); None: headers are not read
         # The caller each tools/call carries in _meta["mesh/caller"]; by default the OS user, local.
@@ -93,48 +115,59 @@ class Dispatcher:
         cancel finds it. When the route is known and its bundle ready, the call is admitted and
         written to the child right here; the task waits for the answer and replies.
         """
-        started = time.perf_counter_ns()
-        arrived = self._loop.time()
         self.in_flight += 1
         route = self.table.routes.get(msg.subject)
-        call: OpenCall | None = None
+        a = Arrival(msg, self._loop.time(), time.perf_counter_ns())
         pending: Pending | None = None
         error: NodeError | None = None
+        if self.tracing is not None:
+            a.span = self._span(msg, route)
         try:
             if msg.headers and self.desk is not None:
-                call = self.desk.open(msg, route.bundle if route is not None else None)
-            if route is not None and (call is None or call.begins_now):
-                pending = self._admit(route, msg.subject, msg.data, self._meta(msg, call), arrived, call)
+                a.call = self.desk.open(msg, route.bundle if route is not None else None)
+            if route is not None and (a.call is None or a.call.begins_now):
+                pending = self._admit(route, a)
         except NodeError as e:
             error = e
-        task = self._loop.create_task(self._serve(msg, route, pending, arrived, started, call, error))
-        if call is not None:
-            call.task = task  # a cancel from its caller cancels this task
+        serve = self._serve(a, route, pending, error)
+        if a.span is None:
+            task = self._loop.create_task(serve)
+        else:  # its log lines name its trace (runtime/node/logs.py)
+            context = contextvars.copy_context()
+            context.run(CURRENT.set, a.span.ids)
+            task = self._loop.create_task(serve, context=context)
+        if a.call is not None:
+            a.call.task = task  # a cancel from its caller cancels this task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _span(self, msg: Msg, route: Route | None) -> CallSpan:
+        assert self.tracing is not None
+        if route is not None:
+            return self.tracing.start(msg.headers, msg.subject, route.tool, route.module, route.bundle.key)
+        return self.tracing.start(msg.headers, msg.subject, msg.subject.rpartition(".")[2], "", "")
+
     # --- 2. admit -------------------------------------------------------------------------------
-    def _admit(
-        self, route: Route, subject: str, data: bytes, meta: bytes, arrived: float, call: OpenCall | None
-    ) -> Pending | None:
+    def _admit(self, route: Route, a: Arrival) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
-        checked = _checked(route, subject, data)
-        deadline, timeout_ms = self.limits(arrived, route.bundle, call)
+        checked = _checked(route, a.msg.subject, a.msg.data)
+        deadline, timeout_ms = self.limits(a.arrived, route.bundle, a.call)
         try:
-            return route.bundle.begin(route.tool_json, checked, deadline, meta, timeout_ms)
+            return route.bundle.begin(route.tool_json, checked, deadline, self._meta(a), timeout_ms)
         except LauncherError as e:
             raise wire_error(route, e, self.node) from None
 
-    async def _admit_late(
-        self, msg: Msg, route: Route | None, arrived: float, call: OpenCall | None
-    ) -> tuple[Route, Pending]:
+    async def _admit_late(self, a: Arrival, route: Route | None) -> tuple[Route, Pending]:
         """A call that arrives while its bundle starts, or finds no free slot, waits for them (not a 503).
 
         So does a call whose arguments are in the object store (Mesh-Request-Object): they are read first.
         """
+        msg, call = a.msg, a.call
         if route is None:
             for bundle in self.table.starting(msg.subject):
-                deadline, timeout_ms = self.limits(arrived, bundle, call)
+                if a.span is not None:
+                    a.span.waiting("start")
+                deadline, timeout_ms = self.limits(a.arrived, bundle, call)
                 await bundle.settle(deadline)
                 if bundle.state in STARTING_STATES:  # settle returned at the deadline: still starting
                     late = bundle.start_timed_out(msg.subject, timeout_ms)
@@ -144,13 +177,16 @@ class Dispatcher:
         if call is not None and call.options.request_object is not None and self.desk is not None:
             data = await self.desk.objects.take(route.subject, call.options.request_object)
         checked = _checked(route, route.subject, data)
-        deadline, timeout_ms = self.limits(arrived, route.bundle, call)
+        deadline, timeout_ms = self.limits(a.arrived, route.bundle, call)
+        if a.span is not None:
+            a.span.waiting("slot")
         try:
-            return route, await route.bundle.begin_when_ready(
-                route.tool_json, checked, deadline, self._meta(msg, call), timeout_ms
-            )
+            pending = await route.bundle.begin_when_ready(route.tool_json, checked, deadline, self._meta(a), timeout_ms)
         except LauncherError as e:
             raise wire_error(route, e, self.node) from None
+        if a.span is not None:
+            a.span.reached_child()
+        return route, pending
 
     def limits(self, arrived: float, bundle: BundleRunner, call: OpenCall | None = None) -> tuple[float, int]:
         """When the caller stops waiting (loop clock), set once from the request's arrival for the start,
@@ -160,63 +196,58 @@ class Dispatcher:
         timeout_ms = cap if call is None else call.options.timeout_for(cap)
         return arrived + timeout_ms / 1000, timeout_ms
 
-    def _meta(self, msg: Msg, call: OpenCall | None) -> bytes:
-        """The call's `_meta`: the server-stamped caller (never anything from the body), and its progress token."""
+    def _meta(self, a: Arrival) -> bytes:
+        """The call's `_meta`: the server-stamped caller (never anything from the body), its progress
+        token, and its trace context (the child's spans join the call's trace)."""
         try:
-            meta = self.stamp.for_headers(msg.headers)
+            meta = self.stamp.for_headers(a.msg.headers)
         except CallerError as e:
-            raise BadRequest(msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
-        return meta if call is None else call_meta(meta, call)
+            raise BadRequest(a.msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
+        if a.call is not None:
+            meta = call_meta(meta, a.call)
+        if a.span is not None:
+            meta = _with(meta, a.span.meta())
+        return meta
 
     # --- 3. run on the child --------------------------------------------------------------------
-    async def _run(
-        self, msg: Msg, route: Route | None, pending: Pending | None, arrived: float, call: OpenCall | None
-    ) -> tuple[Route, bytes]:
+    async def _run(self, a: Arrival, route: Route | None, pending: Pending | None) -> tuple[Route, bytes]:
         """From where `start` left the call to the child's answer, as the reply's bytes."""
         if pending is None or route is None:
-            route, pending = await self._admit_late(msg, route, arrived, call)
+            route, pending = await self._admit_late(a, route)
         try:
             return route, bytes(await route.bundle.finish(pending))
         except LauncherError as e:
             raise wire_error(route, e, self.node) from None
 
-    async def _serve(
-        self,
-        msg: Msg,
-        route: Route | None,
-        pending: Pending | None,
-        arrived: float,
-        started: int,
-        call: OpenCall | None,
-        error: NodeError | None,
-    ) -> None:
+    async def _serve(self, a: Arrival, route: Route | None, pending: Pending | None, error: NodeError | None) -> None:
         """Run the call and answer it; never raises for anything a caller or a child does."""
+        call = a.call
         body = b""
         headers: dict[str, str] | None = None
         try:
             if error is not None or (call is not None and call.cancelled):
                 pass  # refused at its arrival, or cancelled before it came (never begun, not answered)
             else:
-                work = self._run(msg, route, pending, arrived, call)
+                work = self._run(a, route, pending)
                 if call is not None and call.progress is not None:  # frames also while it waits for its bundle
                     served, body = await call.progress.during(work)
                 else:
                     served, body = await work
                 route = served
                 if len(body) > self.max_payload:
-                    body, headers = await self._park(msg, served, body)
+                    body, headers = await self._park(a.msg, served, body)
         except NodeError as e:
             error = e
         except anyio.get_cancelled_exc_class():
             if call is None or not call.cancelled:
                 with anyio.CancelScope(shield=True):
-                    await self._answer(msg, route, b"", NodeStopping(msg.subject, self.node), started, call)
+                    await self._answer(a, route, b"", NodeStopping(a.msg.subject, self.node))
                 raise
             # Cancelled by its caller: the child was told (Session.result); _answer sends nothing.
         except Exception as e:  # a bug of ours must cost one call, not the node
-            log.exception("answering %s failed", msg.subject)
-            error = Internal(f"{msg.subject}: internal error of the node: {type(e).__name__}: {e}")
-        await self._answer(msg, route, body, error, started, call, headers)
+            log.exception("answering %s failed", a.msg.subject)
+            error = Internal(f"{a.msg.subject}: internal error of the node: {type(e).__name__}: {e}")
+        await self._answer(a, route, body, error, headers)
 
     async def _park(self, msg: Msg, route: Route, body: bytes) -> tuple[bytes, dict[str, str]]:
         """A result larger than one message: into the object store for its caller's account, the reply
@@ -233,27 +264,32 @@ class Dispatcher:
     # --- 4. answer ------------------------------------------------------------------------------
     async def _answer(
         self,
-        msg: Msg,
+        a: Arrival,
         route: Route | None,
         body: bytes,
         error: NodeError | None,
-        started: int,
-        call: OpenCall | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         """Reply (unless its caller cancelled it), then count the call in its endpoint's stats and here."""
+        call = a.call
         try:
             if call is not None and self.desk is not None:
                 self.desk.close(call)  # from here a cancel finds nothing to cancel
             if call is None or not call.cancelled:
-                await self._reply(msg, body, error, headers)
+                await self._reply(a.msg, body, error, headers)
         finally:
-            elapsed = time.perf_counter_ns() - started
+            elapsed = time.perf_counter_ns() - a.started
             stats = route.stats if route is not None else self.unrouted
             if error is None:
-                stats.record(elapsed, None, TOOL_ERROR if _is_tool_error(body) else "ok")
+                code = TOOL_ERROR if _is_tool_error(body) else "ok"
+                stats.record(elapsed, None, code)
             else:
-                stats.record(elapsed, f"{error.code}:{error}", str(error.code))
+                code = str(error.code)
+                stats.record(elapsed, f"{error.code}:{error}", code)
+            if a.span is not None:
+                a.span.end(
+                    code if call is None or not call.cancelled else "cancelled", "" if error is None else str(error)
+                )
             self.answered += 1
             self.in_flight -= 1
             if self.in_flight == 0 and self._idle is not None:
@@ -307,6 +343,15 @@ def wire_error(route: Route, e: LauncherError, node: str) -> NodeError:
             return NoSuchTool(route.subject, f"the bundle does not know this tool: {e.message}", [])
         return Internal(f"{route.subject}: the bundle answered JSON-RPC error {e.code}: {e.message}")
     return Internal(f"{route.subject}: {type(e).__name__}: {e}")
+
+
+def _with(meta: bytes, fields: bytes) -> bytes:
+    """`meta` (a JSON object, or empty) with `fields` (`"k":v,...`) added."""
+    if not fields:
+        return meta
+    if not meta or meta == b"{}":
+        return b"{" + fields + b"}"
+    return meta[:-1] + b"," + fields + b"}"
 
 
 def _whose(late: CallTimedOut, bundle: BundleRunner) -> str:

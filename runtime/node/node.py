@@ -33,6 +33,7 @@ from runtime.bus.service_api import ServiceApi
 from runtime.calls.desk import CallDesk
 from runtime.calls.dispatch import Dispatcher
 from runtime.calls.identity import CallerStamp
+from runtime.calls.tracing import Tracing
 from runtime.config import NatsConfig, NodeConfig
 from runtime.delivery.reconciler import Reconciler
 from runtime.hosting.placement import Placement
@@ -85,6 +86,8 @@ class Serving:
         await self.notice.leaving()
         await self.desk.stop()
         await self.control.stop()
+        if self.dispatcher.tracing is not None:
+            await anyio.to_thread.run_sync(self.dispatcher.tracing.shutdown)  # what is left is exported
 
 
 class Node:
@@ -227,7 +230,8 @@ class Node:
         desk = CallDesk(nc, self.config.calls)
         identity = self.config.identity
         stamp = CallerStamp(local_caller(identity.local), frozenset(identity.mcp_faces))
-        dispatcher = Dispatcher(nc, modules.table, self.name, desk, stamp)
+        tracing = Tracing.from_environment(self.name)  # None unless OTEL_TRACES_EXPORTER asks for traces
+        dispatcher = Dispatcher(nc, modules.table, self.name, desk, stamp, tracing)
         service = ServiceApi(
             nc,
             node=self.name,

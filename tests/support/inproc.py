@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import json
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -26,7 +27,7 @@ from nats.aio.client import Client
 from launcher.bundle import HealthPolicy, RestartPolicy
 from launcher.reaper import Reaper
 from manifests import load_module
-from runtime.bus.embedded import free_port, nats_server_binary
+from runtime.bus.embedded import nats_server_binary
 from runtime.config import NatsConfig, NodeConfig
 from runtime.hosting.placement import Placement, from_source
 from runtime.node.node import Node
@@ -46,7 +47,7 @@ class AccountsServer:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.port = free_port()
+        self.port = 0  # the server picks one and says which (a port picked here could be taken by then)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,11 +61,20 @@ class AccountsServer:
         )
         conf = self.workdir / "server.conf"
         store = json.dumps(str(self.workdir / "js"))
-        conf.write_text(
-            f"listen: 127.0.0.1:{self.port}\njetstream {{ store_dir: {store} }}\naccounts {{\n{accounts}\n}}\n"
-        )
+        conf.write_text(f"listen: 127.0.0.1:-1\njetstream {{ store_dir: {store} }}\naccounts {{\n{accounts}\n}}\n")
+        ports = self.workdir / "ports"
+        ports.mkdir(exist_ok=True)
         log = open(self.workdir / "server.log", "ab")
-        self.proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=log)
+        argv = [nats_server_binary(), "-c", str(conf), "--ports_file_dir", str(ports)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 10
+        found = ports / f"{Path(argv[0]).name}_{self.proc.pid}.ports"
+        while not found.is_file():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the session's nats-server did not start; see {self.workdir / 'server.log'}")
+            time.sleep(0.01)
+        time.sleep(0.01)  # written whole right after it is made
+        self.port = int(json.loads(found.read_text())["nats"][0].rsplit(":", 1)[1])
         wait_port(self.port)
         return self
 
