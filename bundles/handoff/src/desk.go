@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,39 +20,83 @@ type Limits struct {
 	Claim      time.Duration
 }
 
-// Desk is the handoff seat's state machine over a Store. One lock orders every call and every
-// tick, so each verb reads, checks and writes an entry as one step.
+// The bounds of an answer. Every listing is paged: at most MaxPage entries and MaxPageBytes of
+// their JSON a page. With the text limits one entry with its log stays below MaxReplyBytes, so
+// no answer comes near the node's line limit (64 MiB) or a NATS message (1 MiB), whatever the
+// store holds (an entry stored before the limits is shown clipped to them).
+const (
+	DefaultPage   = 50
+	MaxPage       = 100
+	MaxPageBytes  = 512 * 1024
+	MaxReplyBytes = 512 * 1024
+	// maxTries is how often a verb is tried again on the fresh entry when another process
+	// changed it between the read and the write, before the call is refused.
+	maxTries = 8
+)
+
+// Desk is the handoff seat's state machine over a Store. One lock orders this process's
+// changes; the store's fence (Store.Write) orders them against another process's.
 type Desk struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // held by every change and every tick
 	store  *Store
 	now    func() time.Time
 	limits Limits
-	// waiting counts the opener's handoff.wait calls in flight per entry: priority is derived
-	// from it. Bounded by the calls in flight, which the node bounds per child.
-	waiting map[string]int
-	// bell is closed and replaced on every change, waking every handoff.wait to look again.
-	bell chan struct{}
+	humans Humans
+	epoch  int64 // this process's turn at the clocks (TakeClock); 0: none taken
+
+	waitMu sync.Mutex           // orders the opener's waits and their leases
+	waits  map[int64]*waitLease // the opener's handoff.wait calls in flight here, per entry
+
+	sig sync.Mutex // guards what follows
+	// bell is closed and replaced on every change seen (this process's own, or another's that
+	// the store poller found), waking every handoff.wait and handoff.watch to look again.
+	bell      chan struct{}
+	seen      int64         // the last change number this process knows of
+	listeners int           // waits and watches in flight: the store is polled faster meanwhile
+	nudge     chan struct{} // a listener came: the poller takes the faster pace now
 }
 
-func NewDesk(store *Store, now func() time.Time, limits Limits) *Desk {
-	return &Desk{store: store, now: now, limits: limits, waiting: map[string]int{}, bell: make(chan struct{})}
+// waitLease is this process's share of an entry's priority: how many of the opener's waits are
+// in flight here, and until when it stored the entry as blocking.
+type waitLease struct {
+	count int
+	until time.Time
+}
+
+func NewDesk(store *Store, now func() time.Time, limits Limits, humans Humans) (*Desk, error) {
+	seen, err := store.Seq()
+	if err != nil {
+		return nil, err
+	}
+	return &Desk{store: store, now: now, limits: limits, humans: humans, bell: make(chan struct{}), seen: seen,
+		waits: map[int64]*waitLease{}, nudge: make(chan struct{}, 1)}, nil
+}
+
+// TakeClock makes this process the one that keeps the clocks (Store.TakeClock).
+func (d *Desk) TakeClock() error {
+	epoch, err := d.store.TakeClock()
+	d.epoch = epoch
+	return err
 }
 
 var noCaller = &Refusal{
 	Wrong: "this call has no caller identity (no _meta[\"mesh/caller\"])",
-	Right: "handoff takes the opener and the owner only from the caller the node stamps on each call: call it through a mesh node that passes callers (meshctl call, or a request on mesh.seat.handoff.<verb>); list, get, wait, holders and attention work without one",
+	Right: "handoff takes the opener and the owner only from the caller the node stamps on each call: call it through a mesh node that passes callers (meshctl call, or a request on mesh.seat.handoff.<verb>); list, get, wait, watch, holders and attention work without one",
 }
 
 // Open files a new entry for the caller. Every one of the four fields must say something.
-func (d *Desk) Open(who, projekt, frage, versucht, benoetigt string) (*Entry, error) {
-	if who == "" {
+func (d *Desk) Open(who Who, projekt, frage, versucht, benoetigt string) (*Entry, error) {
+	if who.ID == "" {
 		return nil, noCaller
 	}
+	fields := []struct {
+		name  string
+		value *string
+		limit TextLimit
+	}{{"projekt", &projekt, ProjektLimit}, {"frage", &frage, LongLimit}, {"versucht", &versucht, LongLimit}, {"benoetigt", &benoetigt, LongLimit}}
 	var missing []string
-	for _, f := range []struct{ name, value string }{
-		{"projekt", projekt}, {"frage", frage}, {"versucht", versucht}, {"benoetigt", benoetigt},
-	} {
-		if blank(f.value) {
+	for _, f := range fields {
+		if blank(*f.value) {
 			missing = append(missing, f.name)
 		}
 	}
@@ -56,137 +104,227 @@ func (d *Desk) Open(who, projekt, frage, versucht, benoetigt string) (*Entry, er
 		return nil, refuse("an entry needs all four of projekt, frage, versucht (what was tried, so nobody repeats it) and benoetigt, each non-empty",
 			"%s empty or missing", strings.Join(missing, ", "))
 	}
+	for _, f := range fields {
+		checked, err := checkText(f.name, *f.value, f.limit)
+		if err != nil {
+			return nil, err
+		}
+		*f.value = checked
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
-	e := &Entry{Projekt: projekt, Frage: frage, Versucht: versucht, Benoetigt: benoetigt, Opener: who, OpenedAt: now}
-	e.move(now, who, StateOpen, "opened")
+	e := &Entry{Projekt: projekt, Frage: frage, Versucht: versucht, Benoetigt: benoetigt, Opener: who.ID, OpenedAt: now}
+	e.move(now, who.ID, StateOpen, "opened")
 	if err := d.store.Insert(e); err != nil {
 		return nil, err
 	}
-	d.ring()
-	return d.view(e), nil
+	d.wrote(e.Seq)
+	return d.view(e, true)
 }
 
 // Claim makes the caller the entry's one owner.
-func (d *Desk) Claim(who, id string) (*Entry, error) {
+func (d *Desk) Claim(who Who, id string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
 		switch {
-		case e.State == StateClaimed && e.Owner == who:
+		case e.State == StateClaimed && e.Owner == who.ID:
 			return nil // claiming again what one holds changes nothing
 		case e.State == StateClaimed:
 			return refuse("wait until it is answered or its claim runs out (it then shows as open in handoff.list), or take another open entry",
 				"%s is held by %s", e.ID, e.Owner)
 		case terminal(e.State):
 			return refuse("claim an entry that is open (handoff.list with state \"open\")", "%s is %s, which is final", e.ID, e.State)
-		case e.Opener == who:
+		case e.Opener == who.ID:
 			return refuse("another agent claims it; the opener waits (handoff.wait) or answers a follow-up (handoff.reply)",
-				"%s was opened by you (%s)", e.ID, who)
+				"%s was opened by you (%s)", e.ID, who.ID)
+		case e.Claims >= MaxClaims:
+			return refuse("answer what you can elsewhere, or block it (handoff.block) if nobody can help; it also blocks by itself HANDOFF_UNANSWERED_S after it was opened",
+				"%s was claimed %d times already, the most one entry takes", e.ID, e.Claims)
 		}
-		e.Owner, e.ClaimedAt = who, now
-		e.move(now, who, StateClaimed, "claimed")
+		e.Owner, e.ClaimedAt = who.ID, now
+		e.Claims++
+		e.move(now, who.ID, StateClaimed, "claimed")
+		return nil
+	})
+}
+
+// Release is the owner giving the entry back: open again, with no owner. It is not an expiry.
+func (d *Desk) Release(who Who, id string) (*Entry, error) {
+	return d.change(who, id, func(e *Entry, now time.Time) error {
+		if err := ownerOnly(e, who, "release it"); err != nil {
+			return err
+		}
+		e.Owner, e.ClaimedAt = "", time.Time{}
+		e.move(now, who.ID, StateOpen, "released by its owner; open again")
 		return nil
 	})
 }
 
 // Answer resolves the entry; only its owner can.
-func (d *Desk) Answer(who, id, antwort string) (*Entry, error) {
+func (d *Desk) Answer(who Who, id, antwort string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
 		if err := ownerOnly(e, who, "answer"); err != nil {
 			return err
 		}
-		if blank(antwort) {
-			return refuse("give the answer in antwort", "antwort is empty")
+		text, err := required("antwort", antwort, "give the answer in antwort")
+		if err != nil {
+			return err
 		}
-		e.Antwort = antwort
-		e.move(now, who, StateResolved, "answered")
+		e.Antwort = text
+		e.move(now, who.ID, StateResolved, "answered")
 		return nil
 	})
 }
 
 // Ask puts the owner's one follow-up question to the opener; a second question blocks the entry.
-func (d *Desk) Ask(who, id, rueckfrage string) (*Entry, error) {
+func (d *Desk) Ask(who Who, id, rueckfrage string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
 		if err := ownerOnly(e, who, "ask"); err != nil {
 			return err
 		}
-		if blank(rueckfrage) {
-			return refuse("put the question to the opener in rueckfrage", "rueckfrage is empty")
+		text, err := required("rueckfrage", rueckfrage, "put the question to the opener in rueckfrage")
+		if err != nil {
+			return err
 		}
 		if e.Rueckfrage != "" {
 			e.Grund = "a second follow-up question"
-			e.move(now, who, StateBlocked, "a second follow-up question (at most one per entry): "+rueckfrage)
+			e.move(now, who.ID, StateBlocked, "a second follow-up question (at most one per entry): "+excerpt(text))
 			return nil
 		}
-		e.Rueckfrage = rueckfrage
-		e.note(now, who, "follow-up question: "+rueckfrage)
+		e.Rueckfrage = text
+		e.note(now, who.ID, "follow-up question: "+excerpt(text))
 		return nil
 	})
 }
 
 // Reply is the opener's answer to the follow-up question.
-func (d *Desk) Reply(who, id, antwort string) (*Entry, error) {
+func (d *Desk) Reply(who Who, id, antwort string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
 		switch {
 		case terminal(e.State):
 			return refuse("nothing more can be said on a final entry; open a new one if the question remains", "%s is %s, which is final", e.ID, e.State)
-		case e.Opener != who:
-			return refuse("only the opener replies to a follow-up question", "%s was opened by %s, not by you (%s)", e.ID, e.Opener, who)
+		case e.Opener != who.ID:
+			return refuse("only the opener replies to a follow-up question", "%s was opened by %s, not by you (%s)", e.ID, e.Opener, who.ID)
 		case e.Rueckfrage == "":
 			return refuse("reply once the owner has asked (get shows rueckfrage)", "%s has no follow-up question", e.ID)
 		case e.RueckfrageAntwort != "":
 			return refuse("one follow-up, one reply: the owner now answers or blocks", "the follow-up on %s is answered already", e.ID)
-		case blank(antwort):
-			return refuse("give the reply in antwort", "antwort is empty")
 		}
-		e.RueckfrageAntwort = antwort
-		e.note(now, who, "reply to the follow-up: "+antwort)
+		text, err := required("antwort", antwort, "give the reply in antwort")
+		if err != nil {
+			return err
+		}
+		e.RueckfrageAntwort = text
+		e.note(now, who.ID, "reply to the follow-up: "+excerpt(text))
 		return nil
 	})
 }
 
-// Block is the owner saying that nobody can help: parked, readable, never delivered.
-func (d *Desk) Block(who, id, grund string) (*Entry, error) {
+// Block says that nobody can help: parked, readable, never delivered. A claimed entry is
+// blocked by its owner; an open one by any caller but its opener (who withdraws instead).
+func (d *Desk) Block(who Who, id, grund string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
-		if err := ownerOnly(e, who, "block"); err != nil {
+		switch {
+		case terminal(e.State):
+			return refuse("a final entry stays as it is; open a new one if something is left", "%s is %s, which is final", e.ID, e.State)
+		case e.State == StateOpen && e.Opener == who.ID:
+			return refuse("the opener takes an entry back with handoff.withdraw; handoff.block is for an agent who cannot help",
+				"%s was opened by you (%s)", e.ID, who.ID)
+		case e.State == StateClaimed && e.Owner != who.ID:
+			return refuse("only the owner blocks a claimed entry; the opener can withdraw it (handoff.withdraw)",
+				"%s is held by %s, not by you (%s)", e.ID, e.Owner, who.ID)
+		}
+		text, err := required("grund", grund, "say in grund why nobody can help")
+		if err != nil {
 			return err
 		}
-		if blank(grund) {
-			return refuse("say in grund why nobody can help", "grund is empty")
+		e.Grund = text
+		e.move(now, who.ID, StateBlocked, excerpt(text))
+		return nil
+	})
+}
+
+// Withdraw is the opener taking the question back: the entry is blocked, with the reason.
+func (d *Desk) Withdraw(who Who, id, grund string) (*Entry, error) {
+	return d.change(who, id, func(e *Entry, now time.Time) error {
+		switch {
+		case terminal(e.State):
+			return refuse("a final entry stays as it is", "%s is %s, which is final", e.ID, e.State)
+		case e.Opener != who.ID:
+			return refuse("only its opener withdraws an entry; an agent who cannot help blocks it (handoff.block)",
+				"%s was opened by %s, not by you (%s)", e.ID, e.Opener, who.ID)
 		}
-		e.Grund = grund
-		e.move(now, who, StateBlocked, grund)
+		text, err := required("grund", grund, "say in grund why the question is taken back")
+		if err != nil {
+			return err
+		}
+		e.Grund = text
+		e.move(now, who.ID, StateBlocked, "withdrawn by its opener: "+excerpt(text))
 		return nil
 	})
 }
 
 // Escalate hands the entry to the human, only for one of the five topics.
-func (d *Desk) Escalate(who, id, thema string) (*Entry, error) {
+func (d *Desk) Escalate(who Who, id, thema string) (*Entry, error) {
 	return d.change(who, id, func(e *Entry, now time.Time) error {
 		switch {
 		case !slices.Contains(Topics, thema):
+			shown, _ := clip(thema, TextLimit{Chars: 40, Bytes: 160})
 			return refuse("thema is one of "+strings.Join(Topics, ", ")+"; anything else the agents settle or block",
-				"thema %q reaches no human", thema)
+				"thema %q reaches no human", shown)
 		case terminal(e.State):
 			return refuse("only an open or claimed entry can be escalated", "%s is %s, which is final", e.ID, e.State)
-		case who != e.Opener && who != e.Owner:
+		case who.ID != e.Opener && who.ID != e.Owner:
 			return refuse("the opener or the owner escalates", "you (%s) are neither the opener (%s) nor the owner (%s) of %s",
-				who, e.Opener, orNobody(e.Owner), e.ID)
+				who.ID, e.Opener, orNobody(e.Owner), e.ID)
 		}
 		e.Thema = thema
-		e.move(now, who, StateEscalated, "escalated: "+thema)
+		e.move(now, who.ID, StateEscalated, "escalated: "+thema)
 		return nil
 	})
 }
 
-func ownerOnly(e *Entry, who, verb string) error {
+// Decide is a human's answer to an escalated entry: stored, logged, once. The entry stays
+// escalated (final); the opener's wait returns with the decision.
+func (d *Desk) Decide(who Who, id, antwort string) (*Entry, error) {
+	if who.ID != "" && !d.humans.Include(who) {
+		return nil, refuse(fmt.Sprintf("a human listed in HANDOFF_HUMANS (here: %s) decides; agents settle or block what is theirs", d.humans),
+			"you (%s) are not one of the humans who decide", who.ID)
+	}
+	return d.change(who, id, func(e *Entry, now time.Time) error {
+		switch {
+		case e.State != StateEscalated:
+			return refuse("only an escalated entry waits for a human (handoff.attention lists them)", "%s is %s, not escalated", e.ID, e.State)
+		case !e.DecidedAt.IsZero():
+			return refuse("a decision is final; open a new entry if something is left",
+				"%s was decided by %s at %s already", e.ID, e.DecidedBy, e.DecidedAt.Format(time.RFC3339))
+		}
+		text, err := required("antwort", antwort, "give the decision in antwort")
+		if err != nil {
+			return err
+		}
+		e.Entscheidung, e.DecidedBy, e.DecidedAt = text, who.ID, now
+		e.note(now, who.ID, "decided: "+excerpt(text))
+		return nil
+	})
+}
+
+// required checks a text a verb needs: non-empty and within LongLimit.
+func required(field, value, right string) (string, error) {
+	if blank(value) {
+		return "", refuse(right, "%s is empty", field)
+	}
+	return checkText(field, value, LongLimit)
+}
+
+func ownerOnly(e *Entry, who Who, verb string) error {
 	switch {
 	case e.State != StateClaimed:
 		return refuse("claim it first (handoff.claim); only a claimed entry's owner can "+verb,
 			"%s is %s, not claimed", e.ID, e.State)
-	case e.Owner != who:
-		return refuse("only the owner can "+verb+"; the opener can reply to a follow-up or escalate",
-			"%s is held by %s, not by you (%s)", e.ID, e.Owner, who)
+	case e.Owner != who.ID:
+		return refuse("only the owner can "+verb+"; the opener can reply to a follow-up, escalate or withdraw",
+			"%s is held by %s, not by you (%s)", e.ID, e.Owner, who.ID)
 	}
 	return nil
 }
@@ -198,201 +336,633 @@ func orNobody(s string) string {
 	return s
 }
 
-// change runs one verb on one entry under the lock and stores it when the verb changed it.
-func (d *Desk) change(who, id string, verb func(*Entry, time.Time) error) (*Entry, error) {
-	if who == "" {
+// change runs one verb on one entry and stores what it changed, fenced on the entry's version:
+// when another process changed the entry since it was read, the verb runs again on the fresh
+// entry (which may now refuse it), never over it.
+func (d *Desk) change(who Who, id string, verb func(*Entry, time.Time) error) (*Entry, error) {
+	if who.ID == "" {
 		return nil, noCaller
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e, err := d.load(id)
+	num, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
-	before := e.Version
-	if err := verb(e, d.now()); err != nil {
-		return nil, err
-	}
-	if e.Version != before {
-		if err := d.store.Put(e); err != nil {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for range maxTries {
+		e, err := d.load(num)
+		if err != nil {
 			return nil, err
 		}
-		d.ring()
+		was := e.Version
+		if err := verb(e, d.now()); err != nil {
+			return nil, err
+		}
+		if !e.changed() {
+			return d.view(e, true)
+		}
+		stored, err := d.store.Write(e, was, 0)
+		if err != nil {
+			return nil, err
+		}
+		if stored {
+			d.wrote(e.Seq)
+			return d.view(e, true)
+		}
 	}
-	return d.view(e), nil
+	return nil, refuse("call again; it is read afresh each time",
+		"%s was changed by another process %d times while this call tried to change it", id, maxTries)
 }
 
-func (d *Desk) load(id string) (*Entry, error) {
-	e, err := d.store.Get(id)
+func (d *Desk) load(num int64) (*Entry, error) {
+	e, err := d.store.Load(num)
 	if err != nil {
 		return nil, err
 	}
 	if e == nil {
-		return nil, refuse("use an id from handoff.open or handoff.list (h-1, h-2, ...)", "there is no entry %q", id)
+		return nil, refuse("use an id from handoff.open or handoff.list (h-1, h-2, ...)", "there is no entry %q", entryID(num))
 	}
 	return e, nil
 }
 
 // Get returns one entry with its whole log.
 func (d *Desk) Get(id string) (*Entry, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e, err := d.load(id)
+	num, err := parseID(id)
 	if err != nil {
 		return nil, err
 	}
-	return d.view(e), nil
+	e, err := d.store.loadBounded(num)
+	if err != nil {
+		return nil, err
+	}
+	if e == nil {
+		return nil, refuse("use an id from handoff.open or handoff.list (h-1, h-2, ...)", "there is no entry %q", id)
+	}
+	return d.view(e, true)
 }
 
-// List returns the entries, optionally of one state and one project, oldest first.
-func (d *Desk) List(state, projekt string) ([]*Entry, error) {
-	var only []string
+// Page is one page of a listing.
+type Page struct {
+	Entries    []*Entry `json:"entries"`
+	NextCursor string   `json:"next_cursor,omitempty" jsonschema:"there is more: pass it as cursor for the next page; absent on the last page"`
+	WatchAfter int64    `json:"watch_after" jsonschema:"the store's change number this answer reflects: handoff.watch with after set to it hears of every change since"`
+}
+
+// ListQuery is handoff.list's arguments, as the caller gave them.
+type ListQuery struct {
+	State, Projekt, Owner, Opener, Since, Cursor string
+	Limit                                        int
+}
+
+// List returns entries without their logs: blocking ones first, then the rest, oldest first.
+func (d *Desk) List(q ListQuery) (Page, error) {
+	f, err := filterOf(q.State, q.Projekt, q.Owner, q.Opener, q.Since)
+	if err != nil {
+		return Page{}, err
+	}
+	return d.ranked(f, RankList, q.Cursor, q.Limit)
+}
+
+// AttentionPage is what the human sees: escalated entries, undecided ones first.
+type AttentionPage struct {
+	Page
+	Undecided int `json:"undecided" jsonschema:"how many escalated entries have no decision yet"`
+}
+
+// Attention is the human's list: escalated entries only, undecided first, then blocking ones
+// (the opener waits), then oldest.
+func (d *Desk) Attention(cursor string, limit int) (AttentionPage, error) {
+	page, err := d.ranked(Filter{States: []string{StateEscalated}}, RankAttention, cursor, limit)
+	if err != nil {
+		return AttentionPage{}, err
+	}
+	undecided, err := d.store.Undecided()
+	return AttentionPage{Page: page, Undecided: undecided}, err
+}
+
+func (d *Desk) ranked(f Filter, rank, cursor string, limit int) (Page, error) {
+	limit, err := pageLimit(limit)
+	if err != nil {
+		return Page{}, err
+	}
+	afterRank, afterNum, err := parseRankCursor(cursor)
+	if err != nil {
+		return Page{}, err
+	}
+	seq, err := d.store.Seq()
+	if err != nil {
+		return Page{}, err
+	}
+	now := d.now()
+	nums, ranks, err := d.store.Ranked(f, rank, now, afterRank, afterNum, limit)
+	if err != nil {
+		return Page{}, err
+	}
+	entries, through, err := d.fill(nums, f)
+	if err != nil {
+		return Page{}, err
+	}
+	page := Page{Entries: entries, WatchAfter: seq}
+	if through > 0 && (through < len(nums) || len(nums) == limit) {
+		page.NextCursor = fmt.Sprintf("%d.%d", ranks[through-1], nums[through-1])
+	}
+	return page, nil
+}
+
+// fill loads the entries of a page, without their logs, until the page's bytes are spent
+// (always at least one). It returns how many of nums it went through.
+func (d *Desk) fill(nums []int64, f Filter) ([]*Entry, int, error) {
+	entries, size := []*Entry{}, 0
+	for i, num := range nums {
+		e, err := d.store.loadBounded(num)
+		if err != nil {
+			return nil, 0, err
+		}
+		if e == nil || !f.matches(e) {
+			continue // changed between the two reads; the next page or watch shows it as it is now
+		}
+		v, err := d.view(e, false)
+		if err != nil {
+			return nil, 0, err
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(entries) > 0 && size+len(b)+1 > MaxPageBytes {
+			return entries, i, nil
+		}
+		size += len(b) + 1
+		entries = append(entries, v)
+	}
+	return entries, len(nums), nil
+}
+
+// matches checks again, on an entry read after its page was chosen, what the query checked.
+func (f Filter) matches(e *Entry) bool {
+	return (len(f.States) == 0 || slices.Contains(f.States, e.State)) && (f.Projekt == "" || f.Projekt == e.Projekt) &&
+		(f.Owner == "" || f.Owner == e.Owner) && (f.Opener == "" || f.Opener == e.Opener) &&
+		(f.Since.IsZero() || !e.OpenedAt.Before(f.Since))
+}
+
+// filterOf checks a listing's filters as a caller gave them.
+func filterOf(state, projekt, owner, opener, since string) (Filter, error) {
+	var f Filter
 	if state != "" {
 		if !slices.Contains(states, state) {
-			return nil, refuse("state is one of "+strings.Join(states, ", ")+", or leave it out for all", "state %q is not a state", state)
+			shown, _ := clip(state, TextLimit{Chars: 40, Bytes: 160})
+			return f, refuse("state is one of "+strings.Join(states, ", ")+", or leave it out for all", "state %q is not a state", shown)
 		}
-		only = []string{state}
+		f.States = []string{state}
 	}
-	return d.find(only, projekt)
+	var err error
+	if f.Projekt, err = checkText("projekt", projekt, ProjektLimit); err != nil {
+		return f, err
+	}
+	if f.Owner, err = checkID("owner", owner); err != nil {
+		return f, err
+	}
+	if f.Opener, err = checkID("opener", opener); err != nil {
+		return f, err
+	}
+	if since != "" {
+		t, err := time.Parse(time.RFC3339Nano, since)
+		if err != nil || len(since) > 64 {
+			shown, _ := clip(since, TextLimit{Chars: 64, Bytes: 256})
+			return f, refuse("give since as an RFC 3339 time, e.g. 2026-09-09T12:00:00Z", "since %q is not a time", shown)
+		}
+		f.Since = t
+	}
+	return f, nil
 }
 
-// Attention is what the human sees: escalated entries, nothing else.
-func (d *Desk) Attention() ([]*Entry, error) { return d.find([]string{StateEscalated}, "") }
-
-// Holders says who holds what: owner -> ids of the entries it has claimed.
-func (d *Desk) Holders() (map[string][]string, error) {
-	claimed, err := d.find([]string{StateClaimed}, "")
-	if err != nil {
-		return nil, err
+// checkID checks a caller id given as a filter: compared as it is, so not normalised.
+func checkID(field, value string) (string, error) {
+	if strings.ContainsFunc(value, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return "", refuse("give a caller id, \"ACCOUNT/user\" or \"ACCOUNT\", as get shows it", "%s holds a control character", field)
 	}
-	holders := map[string][]string{}
-	for _, e := range claimed {
-		holders[e.Owner] = append(holders[e.Owner], e.ID)
+	if len(value) > CallerIDLimit.Bytes {
+		return "", refuse(fmt.Sprintf("a caller id has at most %d bytes", CallerIDLimit.Bytes), "%s has %d bytes", field, len(value))
 	}
-	return holders, nil
+	return value, nil
 }
 
-func (d *Desk) find(only []string, projekt string) ([]*Entry, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	found, err := d.store.Find(only, projekt)
-	if err != nil {
-		return nil, err
+func pageLimit(limit int) (int, error) {
+	switch {
+	case limit == 0:
+		return DefaultPage, nil
+	case limit < 0 || limit > MaxPage:
+		return 0, refuse(fmt.Sprintf("give limit from 1 to %d (leave it out for %d), and page on with cursor", MaxPage, DefaultPage),
+			"limit %d is out of range", limit)
 	}
-	for i, e := range found {
-		found[i] = d.view(e)
-	}
-	if found == nil {
-		found = []*Entry{} // "entries": [] rather than null
-	}
-	return found, nil
+	return limit, nil
 }
 
-// Wait returns the entry when it changes, when it is final, or after timeout; changed says
-// which. While the opener waits the entry's priority is blocking. ctx ending (the caller
-// cancelled) ends the wait with ctx's error.
-func (d *Desk) Wait(ctx context.Context, who, id string, timeout time.Duration) (*Entry, bool, error) {
-	d.mu.Lock()
-	e, err := d.load(id)
+var badCursor = "pass the next_cursor of the previous page as it came, or leave cursor out for the first page"
+
+func parseRankCursor(cursor string) (int64, int64, error) {
+	if cursor == "" {
+		return -1, 0, nil
+	}
+	rank, num, ok := strings.Cut(cursor, ".")
+	r, err1 := strconv.ParseInt(rank, 10, 64)
+	n, err2 := strconv.ParseInt(num, 10, 64)
+	if !ok || err1 != nil || err2 != nil || r < 0 || r > 3 || n < 0 || len(cursor) > 40 {
+		return 0, 0, refuse(badCursor, "cursor %q is not one this desk gave", shorten(cursor))
+	}
+	return r, n, nil
+}
+
+func shorten(s string) string {
+	out, _ := clip(s, TextLimit{Chars: 40, Bytes: 160})
+	return out
+}
+
+// Holder is one owner and what it holds.
+type Holder struct {
+	Owner   string     `json:"owner"`
+	Entries []HeldLine `json:"entries"`
+}
+
+// HeldLine is one claimed entry in the holders' list.
+type HeldLine struct {
+	ID        string    `json:"id"`
+	Projekt   string    `json:"projekt"`
+	Frage     string    `json:"frage" jsonschema:"the start of the question (at most 200 characters)"`
+	Priority  string    `json:"priority"`
+	ClaimedAt time.Time `json:"claimed_at"`
+	HeldS     int64     `json:"held_s" jsonschema:"seconds since the claim"`
+	AgeS      int64     `json:"age_s" jsonschema:"seconds since it was opened"`
+}
+
+// HoldersPage is who holds what: owners in order, each with its claimed entries.
+type HoldersPage struct {
+	Holders    []Holder `json:"holders"`
+	NextCursor string   `json:"next_cursor,omitempty" jsonschema:"there is more: pass it as cursor for the next page"`
+}
+
+// Holders says who holds what: every claimed entry, grouped by its owner.
+func (d *Desk) Holders(cursor string, limit int) (HoldersPage, error) {
+	limit, err := pageLimit(limit)
 	if err != nil {
-		d.mu.Unlock()
+		return HoldersPage{}, err
+	}
+	afterOwner, afterNum := "", int64(0)
+	if cursor != "" {
+		enc, num, ok := strings.Cut(cursor, ".")
+		owner, err1 := base64.RawURLEncoding.DecodeString(enc)
+		n, err2 := strconv.ParseInt(num, 10, 64)
+		if !ok || err1 != nil || err2 != nil || n < 0 || len(cursor) > 1024 {
+			return HoldersPage{}, refuse(badCursor, "cursor %q is not one this desk gave", shorten(cursor))
+		}
+		afterOwner, afterNum = string(owner), n
+	}
+	nums, err := d.store.Held(afterOwner, afterNum, limit)
+	if err != nil {
+		return HoldersPage{}, err
+	}
+	page := HoldersPage{Holders: []Holder{}}
+	now, size, last := d.now(), 0, (*Entry)(nil)
+	for _, num := range nums {
+		e, err := d.store.loadBounded(num)
+		if err != nil {
+			return HoldersPage{}, err
+		}
+		if e == nil || e.State != StateClaimed {
+			continue
+		}
+		v, err := d.view(e, false)
+		if err != nil {
+			return HoldersPage{}, err
+		}
+		line := HeldLine{ID: v.ID, Projekt: v.Projekt, Frage: excerpt(v.Frage), Priority: v.Priority, ClaimedAt: v.ClaimedAt,
+			HeldS: int64(now.Sub(v.ClaimedAt) / time.Second), AgeS: v.AgeS}
+		b, _ := json.Marshal(line)
+		if last != nil && size+len(b)+len(v.Owner)+32 > MaxPageBytes {
+			break
+		}
+		size += len(b) + len(v.Owner) + 32
+		if n := len(page.Holders); n == 0 || page.Holders[n-1].Owner != v.Owner {
+			page.Holders = append(page.Holders, Holder{Owner: v.Owner})
+		}
+		h := &page.Holders[len(page.Holders)-1]
+		h.Entries = append(h.Entries, line)
+		last = v
+	}
+	if last != nil && (len(nums) == limit || countLines(page.Holders) < len(nums)) {
+		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(last.Owner)) + "." + strconv.FormatInt(last.num, 10)
+	}
+	return page, nil
+}
+
+func countLines(hs []Holder) int {
+	n := 0
+	for _, h := range hs {
+		n += len(h.Entries)
+	}
+	return n
+}
+
+// Wait returns the entry when it changes, when it is settled, or after timeout; changed says
+// which. While the opener waits, the entry's priority is blocking (stored, so every process
+// and a listing see it). An escalated entry is not settled until a human decides it: the
+// opener's wait on it returns with the decision. ctx ending (the caller cancelled) ends the
+// wait with ctx's error.
+func (d *Desk) Wait(ctx context.Context, who Who, id string, timeout time.Duration) (*Entry, bool, error) {
+	num, err := parseID(id)
+	if err != nil {
+		return nil, false, err
+	}
+	e, err := d.load(num)
+	if err != nil {
 		return nil, false, err
 	}
 	start := e.Version
-	opener := who != "" && who == e.Opener
-	if opener {
-		d.waiting[id]++
-		defer d.unwait(id)
+	d.listen(1)
+	defer d.listen(-1)
+	if who.ID != "" && who.ID == e.Opener && !e.settled() {
+		d.beginWait(num, timeout)
+		defer d.endWait(num)
 	}
-	d.mu.Unlock()
-
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
-		d.mu.Lock()
-		e, err := d.load(id)
-		bell := d.bell
-		if err == nil {
-			e = d.view(e)
-		}
-		d.mu.Unlock()
+		bell := d.currentBell() // before the read: a change after it rings this bell
+		e, err := d.store.loadBounded(num)
 		switch {
 		case err != nil:
 			return nil, false, err
+		case e == nil:
+			return nil, false, fmt.Errorf("entry %s is gone from the store", id)
 		case e.Version != start:
-			return e, true, nil
-		case terminal(e.State):
-			return e, false, nil
+			v, err := d.view(e, true)
+			return v, true, err
+		case e.settled():
+			v, err := d.view(e, true)
+			return v, false, err
 		}
 		select {
 		case <-bell:
 		case <-timer.C:
-			return e, false, nil
+			v, err := d.view(e, true)
+			return v, false, err
 		case <-ctx.Done():
 			return nil, false, ctx.Err()
 		}
 	}
 }
 
-func (d *Desk) unwait(id string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.waiting[id]--; d.waiting[id] <= 0 {
-		delete(d.waiting, id)
+func (d *Desk) beginWait(num int64, timeout time.Duration) {
+	d.waitMu.Lock()
+	defer d.waitMu.Unlock()
+	lease := d.waits[num]
+	if lease == nil {
+		lease = &waitLease{}
+		d.waits[num] = lease
+	}
+	lease.count++
+	if until := d.now().Add(timeout); until.After(lease.until) {
+		seq, err := d.store.SetBlocking(num, until, nil)
+		if err != nil {
+			slog.Warn("could not store the entry as blocking", "id", entryID(num), "error", err)
+			return
+		}
+		lease.until = until
+		d.wrote(seq)
 	}
 }
 
-// Tick applies the clocks at the desk's now: it is called by the module's own ticker, so an
-// entry expires when nobody calls. It returns how many entries it changed.
+func (d *Desk) endWait(num int64) {
+	d.waitMu.Lock()
+	defer d.waitMu.Unlock()
+	lease := d.waits[num]
+	if lease.count--; lease.count > 0 {
+		return
+	}
+	delete(d.waits, num)
+	// Clear only our own lease: a wait in another process may have stored a later one.
+	seq, err := d.store.SetBlocking(num, time.Time{}, &lease.until)
+	if err != nil {
+		slog.Warn("could not store the entry as background", "id", entryID(num), "error", err)
+		return
+	}
+	d.wrote(seq)
+}
+
+// WatchPage is what handoff.watch answers: the entries that appeared or changed after `after`.
+type WatchPage struct {
+	Entries  []*Entry `json:"entries"`
+	After    int64    `json:"after" jsonschema:"pass it as after to the next handoff.watch: it returns what changes after this answer"`
+	TimedOut bool     `json:"timed_out" jsonschema:"true when nothing matching changed within timeout_s"`
+}
+
+// Watch returns, as soon as there are any, the entries matching f that appeared or changed
+// after the change number `after` (their latest state, in the order of their last change), or
+// an empty page at the timeout. after 0 means from the beginning: what already matches comes
+// at once. A change another process makes on the same store wakes it too (PollStore).
+func (d *Desk) Watch(ctx context.Context, f Filter, after int64, limit int, timeout time.Duration) (WatchPage, error) {
+	limit, err := pageLimit(limit)
+	if err != nil {
+		return WatchPage{}, err
+	}
+	seq, err := d.store.Seq()
+	if err != nil {
+		return WatchPage{}, err
+	}
+	if after < 0 || after > seq {
+		return WatchPage{}, refuse(fmt.Sprintf("pass the after (or watch_after) of an earlier answer from this desk, or 0 for everything; this store's last change is %d", seq),
+			"after %d is not a change of this store", after)
+	}
+	d.listen(1)
+	defer d.listen(-1)
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		bell := d.currentBell()
+		page, err := d.changes(f, after, limit)
+		if err != nil || len(page.Entries) > 0 {
+			return page, err
+		}
+		after = page.After // nothing matching up to here: later looks start from it
+		select {
+		case <-bell:
+		case <-timer.C:
+			page.TimedOut = true
+			return page, nil
+		case <-ctx.Done():
+			return WatchPage{}, ctx.Err()
+		}
+	}
+}
+
+func (d *Desk) changes(f Filter, after int64, limit int) (WatchPage, error) {
+	seq, err := d.store.Seq() // first: whatever Changed then sees is at least this far
+	if err != nil {
+		return WatchPage{}, err
+	}
+	nums, seqs, err := d.store.Changed(f, after, limit)
+	if err != nil {
+		return WatchPage{}, err
+	}
+	entries, through, err := d.fill(nums, f)
+	if err != nil {
+		return WatchPage{}, err
+	}
+	page := WatchPage{Entries: entries, After: seq}
+	switch {
+	case through < len(nums) || (len(nums) == limit && through > 0):
+		page.After = seqs[through-1] // cut: the next watch goes on from the last one looked at
+	case len(seqs) > 0 && seqs[len(seqs)-1] > seq:
+		page.After = seqs[len(seqs)-1]
+	}
+	return page, nil
+}
+
+// Tick applies the clocks at the desk's now: the module's own clock calls it when the next
+// limit runs out, so an entry expires when nobody calls. It returns how many entries it changed,
+// and errLostClock when a newer process keeps the clocks now (this one then stops ticking).
 func (d *Desk) Tick() (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := d.now()
-	live, err := d.store.Find([]string{StateOpen, StateClaimed}, "")
-	if err != nil {
-		return 0, err
-	}
 	changed := 0
-	for _, e := range live {
-		switch {
-		case now.Sub(e.OpenedAt) >= d.limits.Unanswered:
-			e.move(now, Module, StateBlocked, fmt.Sprintf("unanswered %s after it was opened (HANDOFF_UNANSWERED_S)", d.limits.Unanswered))
-		case e.State == StateClaimed && now.Sub(e.ClaimedAt) >= d.limits.Claim:
-			e.ClaimExpiries++
-			if e.ClaimExpiries >= 2 {
-				e.move(now, Module, StateBlocked, fmt.Sprintf("the second claim ran out (%s without an answer, HANDOFF_CLAIM_S; held by %s)", d.limits.Claim, e.Owner))
-			} else {
-				why := fmt.Sprintf("claim by %s ran out (%s without an answer, HANDOFF_CLAIM_S); open again", e.Owner, d.limits.Claim)
-				e.Owner, e.ClaimedAt = "", time.Time{}
-				e.move(now, Module, StateOpen, why)
-			}
-		default:
-			continue
-		}
-		if err := d.store.Put(e); err != nil {
+	for {
+		nums, err := d.store.Due(now, d.limits, 100)
+		if err != nil {
 			return changed, err
 		}
-		changed++
+		progress := 0
+		for _, num := range nums {
+			e, err := d.store.Load(num)
+			if err != nil {
+				return changed, err
+			}
+			if e == nil {
+				continue
+			}
+			was := e.Version
+			d.expire(e, now)
+			if !e.changed() {
+				continue
+			}
+			stored, err := d.store.Write(e, was, d.epoch)
+			if err != nil {
+				return changed, err
+			}
+			if stored { // fenced otherwise: another process changed it; the next look sees it afresh
+				changed++
+				progress++
+				d.wrote(e.Seq)
+			}
+		}
+		if len(nums) < 100 || progress == 0 {
+			return changed, nil
+		}
 	}
-	if changed > 0 {
-		d.ring()
-	}
-	return changed, nil
 }
 
-// view is the entry as a caller sees it: with its derived priority.
-func (d *Desk) view(e *Entry) *Entry {
-	e.Priority = PriorityBackground
-	if d.waiting[e.ID] > 0 && !terminal(e.State) {
-		e.Priority = PriorityBlocking
+// expire applies the contract's limits to one entry at now.
+func (d *Desk) expire(e *Entry, now time.Time) {
+	switch {
+	case e.State != StateOpen && e.State != StateClaimed:
+	case now.Sub(e.OpenedAt) >= d.limits.Unanswered:
+		e.move(now, Module, StateBlocked, fmt.Sprintf("unanswered %s after it was opened (HANDOFF_UNANSWERED_S)", d.limits.Unanswered))
+	case e.State == StateClaimed && now.Sub(e.ClaimedAt) >= d.limits.Claim:
+		e.ClaimExpiries++
+		if e.ClaimExpiries >= 2 {
+			e.move(now, Module, StateBlocked, fmt.Sprintf("the second claim ran out (%s without an answer, HANDOFF_CLAIM_S; held by %s)", d.limits.Claim, e.Owner))
+			return
+		}
+		why := fmt.Sprintf("claim by %s ran out (%s without an answer, HANDOFF_CLAIM_S); open again", e.Owner, d.limits.Claim)
+		e.Owner, e.ClaimedAt = "", time.Time{}
+		e.move(now, Module, StateOpen, why)
 	}
-	if e.Log == nil {
-		e.Log = []LogLine{}
-	}
-	return e
 }
 
-func (d *Desk) ring() {
+// view is the entry as a caller sees it: its derived priority and age, each text within its
+// limit (clipped names what was cut), and its log when asked for.
+func (d *Desk) view(e *Entry, withLog bool) (*Entry, error) {
+	v := *e
+	now := d.now()
+	v.pending, v.Log, v.Clipped = nil, nil, nil
+	v.Priority = PriorityBackground
+	if v.blockingUntil.After(now) && !v.settled() {
+		v.Priority = PriorityBlocking
+	}
+	v.AgeS = int64(now.Sub(v.OpenedAt) / time.Second)
+	for _, f := range []struct {
+		name  string
+		text  *string
+		limit TextLimit
+	}{
+		{"projekt", &v.Projekt, ProjektLimit}, {"frage", &v.Frage, LongLimit}, {"versucht", &v.Versucht, LongLimit},
+		{"benoetigt", &v.Benoetigt, LongLimit}, {"opener", &v.Opener, CallerIDLimit}, {"owner", &v.Owner, CallerIDLimit},
+		{"antwort", &v.Antwort, LongLimit}, {"rueckfrage", &v.Rueckfrage, LongLimit},
+		{"rueckfrage_antwort", &v.RueckfrageAntwort, LongLimit}, {"grund", &v.Grund, LongLimit},
+		{"thema", &v.Thema, ProjektLimit}, {"entscheidung", &v.Entscheidung, LongLimit}, {"decided_by", &v.DecidedBy, CallerIDLimit},
+	} {
+		if cut, clipped := clip(*f.text, f.limit); clipped {
+			*f.text = cut
+			v.Clipped = append(v.Clipped, f.name)
+		}
+	}
+	if withLog {
+		lines, err := d.store.Log(e.num)
+		if err != nil {
+			return nil, err
+		}
+		v.Log = lines
+	}
+	return &v, nil
+}
+
+// --- the bell: who is told of a change ----------------------------------------------------
+
+func (d *Desk) currentBell() chan struct{} {
+	d.sig.Lock()
+	defer d.sig.Unlock()
+	return d.bell
+}
+
+// wrote records a change this process made (its change number) and rings.
+func (d *Desk) wrote(seq int64) {
+	d.sig.Lock()
+	defer d.sig.Unlock()
+	d.seen = max(d.seen, seq)
+	d.ringLocked()
+}
+
+// saw is the store poller's finding: rings when the store moved past what this process knows.
+func (d *Desk) saw(seq int64) bool {
+	d.sig.Lock()
+	defer d.sig.Unlock()
+	if seq == d.seen {
+		return false
+	}
+	d.seen = seq
+	d.ringLocked()
+	return true
+}
+
+func (d *Desk) ringLocked() {
 	close(d.bell)
 	d.bell = make(chan struct{})
+}
+
+func (d *Desk) listen(delta int) {
+	d.sig.Lock()
+	d.listeners += delta
+	d.sig.Unlock()
+	if delta > 0 {
+		select {
+		case d.nudge <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (d *Desk) listening() bool {
+	d.sig.Lock()
+	defer d.sig.Unlock()
+	return d.listeners > 0
 }
