@@ -699,7 +699,11 @@ func TestWatch(t *testing.T) {
 	go d.PollStore(pollCtx, time.Second)
 	done := make(chan WatchPage, 1)
 	go func() {
-		done <- must[WatchPage](t)(d.Watch(ctx, Filter{States: []string{StateOpen}}, first.After, 0, 10*time.Second))
+		page, err := d.Watch(ctx, Filter{States: []string{StateOpen}}, first.After, 0, 10*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- page
 	}()
 	time.Sleep(100 * time.Millisecond) // the watch waits; a claim (not open) does not match
 	must[*Entry](t)(other.Claim(bob, "h-1"))

@@ -45,12 +45,14 @@ func ParseHumans(raw string) (Humans, error) {
 	for _, entry := range strings.Split(raw, ",") {
 		entry = strings.TrimSpace(entry)
 		account, user, hasUser := strings.Cut(entry, "/")
+		const right = "give @local, ACCOUNT or ACCOUNT/user, comma-separated, e.g. HANDOFF_HUMANS=@local,OPS/samuel"
 		switch {
 		case entry == "@local":
 		case entry == "" || account == "" || (hasUser && (user == "" || strings.Contains(user, "/"))):
-			return nil, fmt.Errorf("HANDOFF_HUMANS=%q: entry %q is not @local, ACCOUNT or ACCOUNT/user; give a comma-separated list, e.g. HANDOFF_HUMANS=@local,OPS/samuel", raw, entry)
+			return nil, fmt.Errorf("HANDOFF_HUMANS=%q: entry %q is not a caller id; %s", raw, entry, right)
 		case strings.ContainsFunc(entry, func(r rune) bool { return r <= ' ' || r == 0x7f }) || len(entry) > CallerIDLimit.Bytes:
-			return nil, fmt.Errorf("HANDOFF_HUMANS=%q: entry %q holds a space or control character, or is longer than %d bytes; caller ids have neither", raw, entry, CallerIDLimit.Bytes)
+			return nil, fmt.Errorf("HANDOFF_HUMANS=%q: entry %q holds a space or control character, or is longer than %d bytes, which no caller id does; %s",
+				raw, entry, CallerIDLimit.Bytes, right)
 		}
 		h = append(h, entry)
 	}
