@@ -13,9 +13,12 @@ Two ways the agents reach the seat, the same two agent processes in both:
   user, and the node passes exactly that to the child as `_meta["mesh/caller"]`: the opener and
   the owner in the log are the server's names for the agents. The clocks run here too, with
   limits of seconds and nobody calling (`test_the_clocks_over_the_bus_with_nobody_calling`).
+  A second run has B find its work with handoff.watch, the long poll, instead of polling
+  handoff.list (`test_two_agents_over_the_bus_b_watching`); point 2 then reads "found by
+  watching", and every other point is the same.
 - through a relay (`test_two_agents_through_a_relay`): the test process holds the handoff child
   on stdio, as the node does, and stamps each agent's calls with that agent's identity by the
-  pipe it arrives on: the contract without a bus or a node in the way.
+  pipe it arrives on: the contract without a bus or a node in the way; B polling, then B watching.
 """
 
 from __future__ import annotations

@@ -299,11 +299,14 @@ def test_the_old_child_of_an_upgrade_stops_its_clock(tmp_path: Path, bus: Config
             assert new["pid"] != old["pid"]
             assert not waiting.done(), "the old child stopped before its call was answered"
             await b.ok("claim", id=held["id"])  # in the new child; it runs out 1.5 s later
-            await asyncio.sleep(3)
+            deadline = time.monotonic() + 20
+            while "a newer handoff process keeps the clocks of this store now" not in node.log():
+                assert time.monotonic() < deadline, "the old child's clock did not stop"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)  # had the old clock written too, its expiry would be in by now
             got = await a.ok("get", id=held["id"])
             expiries = [line for line in got["log"] if line["who"] == "handoff"]
             assert got["state"] == "open" and got["claim_expiries"] == 1 and len(expiries) == 1, got["log"]
-            assert "a newer handoff process keeps the clocks of this store now" in node.log()
             await b.ok("claim", id=waited["id"])  # the new child writes; the old child's wait wakes
             woke = await asyncio.wait_for(waiting, 10)
             assert woke["structuredContent"]["changed"] is True
