@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.toolchain("go")]
 ALICE = {"account": "ALICE", "user": "alice", "name": "agent-a", "via": "bus"}
 BOB = {"account": "BOB", "user": "bob", "name": None, "via": "bus"}
 CAROL = {"account": "CAROL", "user": None, "name": None, "via": "local"}
-VERBS = {"open", "list", "get", "claim", "answer", "ask", "reply", "block", "escalate", "wait", "holders", "attention"}
+VERBS = {"open", "list", "get", "claim", "release", "answer", "ask", "reply", "block", "withdraw", "escalate", "decide"}
+VERBS |= {"wait", "watch", "holders", "attention"}
 TOPICS = ["geld", "aussenwirkung", "irreversibel", "zugangsdaten", "prioritaet_scope"]
 QUESTION = {
     "projekt": "p",
@@ -89,7 +90,7 @@ def cid(caller: dict[str, Any]) -> str:
     return f"{caller['account']}/{caller['user']}" if caller["user"] else caller["account"]
 
 
-def test_the_twelve_verbs_are_listed(desk: Desk) -> None:
+def test_the_sixteen_verbs_are_listed(desk: Desk) -> None:
     tools = {t["name"]: t for t in desk.client.list_tools()}
     assert set(tools) == {f"handoff.{v}" for v in VERBS}
     assert sorted(tools["handoff.open"]["inputSchema"]["required"]) == ["benoetigt", "frage", "projekt", "versucht"]
@@ -124,11 +125,12 @@ def test_point2_one_owner_from_the_claim_taken_from_the_caller(desk: Desk) -> No
     assert claimed["state"] == "claimed" and claimed["owner"] == cid(BOB)
     assert "held by BOB/bob" in desk.refused(CAROL, "claim", id=entry["id"])
     assert "opened by you" in desk.refused(ALICE, "claim", id=desk.ok(ALICE, "open", **QUESTION)["id"])
-    assert desk.ok(CAROL, "holders") == {"holders": {cid(BOB): [entry["id"]]}}
+    [held] = desk.ok(CAROL, "holders")["holders"]
+    assert held["owner"] == cid(BOB) and [e["id"] for e in held["entries"]] == [entry["id"]]
     assert "not by you (CAROL)" in desk.refused(CAROL, "answer", id=entry["id"], antwort="5432?")
     answered = desk.ok(BOB, "answer", id=entry["id"], antwort="5433")
     assert answered["state"] == "resolved" and answered["antwort"] == "5433" and answered["id"] == entry["id"]
-    assert desk.ok(CAROL, "holders") == {"holders": {}}
+    assert desk.ok(CAROL, "holders") == {"holders": []}
     assert "resolved, which is final" in desk.refused(CAROL, "claim", id=entry["id"])
     assert 'no entry "h-9"' in desk.refused(BOB, "get", id="h-9")
 
@@ -144,7 +146,7 @@ def test_point3_one_follow_up_and_the_second_blocks(desk: Desk) -> None:
     assert replied["rueckfrage_antwort"] == "eu-west"
     blocked = desk.ok(BOB, "ask", id=entry["id"], rueckfrage="and which cluster?")
     assert blocked["state"] == "blocked" and "second follow-up" in blocked["log"][-1]["why"]
-    assert desk.ok(ALICE, "attention") == {"entries": []}
+    assert desk.ok(ALICE, "attention")["entries"] == []
 
 
 def test_point4_only_the_five_topics_escalate_and_only_escalated_reach_the_human(desk: Desk) -> None:
@@ -237,7 +239,7 @@ def test_clocks_run_when_nobody_calls(make_desk: Callable[..., Desk]) -> None:
     time.sleep(max(0.0, 4.4 - (time.monotonic() - opened)))
     late = desk.ok(CAROL, "get", id=quiet["id"])
     assert late["state"] == "blocked" and "unanswered 4s" in late["log"][-1]["why"]
-    assert desk.ok(CAROL, "attention") == {"entries": []}, "blocked by a clock reaches no human"
+    assert desk.ok(CAROL, "attention")["entries"] == [], "blocked by a clock reaches no human"
 
 
 def test_entries_survive_a_restart(make_desk: Callable[..., Desk]) -> None:
@@ -258,6 +260,15 @@ def test_a_bad_limit_is_named(stage: Path, tmp_path: Path) -> None:
     assert client.proc.stderr is not None
     stderr = client.proc.stderr.read().decode()
     assert "HANDOFF_CLAIM_S" in stderr and "ten minutes" in stderr
+
+
+def test_a_bad_humans_setting_is_named(stage: Path, tmp_path: Path) -> None:
+    env = facts_env("handoff", stage, tmp_path / "d", node="n", HANDOFF_HUMANS="@local, ops team")
+    client = StdioClient([str(stage / "bin" / "handoff")], cwd=stage, env=env)
+    assert client.proc.wait(10) == 2
+    assert client.proc.stderr is not None
+    stderr = client.proc.stderr.read().decode()
+    assert "HANDOFF_HUMANS" in stderr and "ops team" in stderr and "ACCOUNT/user" in stderr
 
 
 def test_go_unit_tests() -> None:
@@ -301,7 +312,7 @@ async def test_built_delivered_and_served(tmp_path: Path, node_factory: Any, nat
         assert sorted(ready["tools"]) == sorted(f"handoff.{v}" for v in VERBS)
         # `ready` means the seat's subjects answer here (its lease was looked at): no retry.
         code, listed = await call(nc, "mesh.seat.handoff.list", {"state": "open"})
-        assert (code, listed["structuredContent"]) == (200, {"entries": []})
+        assert (code, listed["structuredContent"]["entries"]) == (200, [])
         code, refused = await call(nc, "mesh.seat.handoff.list", {"state": "done"})
         assert (
             code == 200

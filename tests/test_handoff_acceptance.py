@@ -13,14 +13,16 @@ Two ways the agents reach the seat, the same two agent processes in both:
   user, and the node passes exactly that to the child as `_meta["mesh/caller"]`: the opener and
   the owner in the log are the server's names for the agents. The clocks run here too, with
   limits of seconds and nobody calling (`test_the_clocks_over_the_bus_with_nobody_calling`).
+  A second run has B find its work with handoff.watch, the long poll, instead of polling
+  handoff.list (`test_two_agents_over_the_bus_b_watching`); point 2 then reads "found by
+  watching", and every other point is the same.
 - through a relay (`test_two_agents_through_a_relay`): the test process holds the handoff child
   on stdio, as the node does, and stamps each agent's calls with that agent's identity by the
-  pipe it arrives on: the contract without a bus or a node in the way.
+  pipe it arrives on: the contract without a bus or a node in the way; B polling, then B watching.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import queue
 import subprocess
@@ -32,15 +34,13 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from runtime.bus.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer
-from tests.support.mesh import FAST_CONFIG, NodeProcess, client, wait_state
-from tests.support.sdk import build_context, facts_env, require
+from tests.support.handoff import BusCaller, accounts_server, build_stage, start_node, url_of
+from tests.support.sdk import facts_env, require
 from tests.support.stdio_client import StdioClient
 from toolchains.go import TOOLCHAIN
 
 REPO = Path(__file__).resolve().parent.parent
-MODULE_DIR = REPO / "bundles" / "handoff"
 AGENT = REPO / "tests" / "children" / "handoff_agent.py"
 NUMBERS = [3, 4, 5, 7]
 SCALE_FACTOR = 2.5  # only in B's folder
@@ -81,10 +81,15 @@ def start_agent(role: str, workdir: Path, transport: list[str]) -> subprocess.Po
 
 
 def assert_the_seven_points(
-    a_dir: Path, b_dir: Path, get: Callable[[str], dict[str, Any]], attention: list[dict[str, Any]]
+    a_dir: Path,
+    b_dir: Path,
+    get: Callable[[str], dict[str, Any]],
+    attention: list[dict[str, Any]],
+    found_by: str = "list",
 ) -> None:
     """Every point of the seed's acceptance a machine can check, from the agents' folders and
-    reports and from the store as the watcher reads it afterwards."""
+    reports and from the store as the watcher reads it afterwards. found_by is how B looked for
+    work: "list" (polling) or "watch" (the long poll)."""
     ra = json.loads((a_dir / "report.json").read_text())
     rb = json.loads((b_dir / "report.json").read_text())
     assert ra["ok"] and rb["ok"], (ra, rb)
@@ -98,8 +103,9 @@ def assert_the_seven_points(
     first, second = get(ra["entry1"]), get(ra["entry2"])
     assert "task.json" in first["versucht"] and "notes.txt" in first["versucht"]
 
-    # 2. B found entry 1 by polling handoff.list, not by a call from A; B became its one owner.
-    assert rb["calls"][0] == "list" and rb["calls"].count("list") >= 1
+    # 2. B found entry 1 itself (polling handoff.list, or handoff.watch), not by a call from A;
+    # B became its one owner.
+    assert rb["calls"][0] == found_by and {"list", "watch"} & set(rb["calls"]) == {found_by}
     assert [h["id"] for h in rb["handled"]] == [ra["entry1"], ra["entry2"]]
     assert [(line["who"], line["to"]) for line in first["log"]] == [
         (a_id, "open"),
@@ -141,9 +147,10 @@ def run_agents(
     a_transport: list[str],
     b_transport: list[str],
     serve: Callable[[subprocess.Popen[str], dict[str, Any]], None] | None = None,
+    find: str = "poll",
 ) -> None:
-    """Start B (polling) and A, let them run to their end; nothing else happens meanwhile."""
-    agent_b = start_agent("b", b_dir, b_transport)
+    """Start B (polling, or watching) and A, let them run to their end; nothing else happens meanwhile."""
+    agent_b = start_agent("b", b_dir, [*b_transport, "--find", find])
     agent_a = start_agent("a", a_dir, a_transport)
     if serve:
         serve(agent_a, A)
@@ -205,9 +212,7 @@ class Relay:
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require(TOOLCHAIN)
-    base = tmp_path_factory.mktemp("handoff-acceptance")
-    TOOLCHAIN.build(build_context(MODULE_DIR, base / "stage", base / "cache"))
-    return base / "stage"
+    return build_stage(tmp_path_factory.mktemp("handoff-acceptance"))
 
 
 @pytest.fixture
@@ -219,73 +224,24 @@ def relay(stage: Path, tmp_path: Path) -> Iterator[Relay]:
     child.close()
 
 
-def test_two_agents_through_a_relay(relay: Relay, tmp_path: Path) -> None:
+@pytest.mark.parametrize("find", ["poll", "watch"])
+def test_two_agents_through_a_relay(relay: Relay, tmp_path: Path, find: str) -> None:
     a_dir, b_dir = workdirs(tmp_path)
-    run_agents(a_dir, b_dir, ["--relay"], ["--relay"], serve=relay.serve)
+    run_agents(a_dir, b_dir, ["--relay"], ["--relay"], serve=relay.serve, find=find)
 
     def get(entry_id: str) -> dict[str, Any]:
         return relay.call(WATCHER, "get", {"id": entry_id})["structuredContent"]
 
     attention = relay.call(WATCHER, "attention", {})["structuredContent"]["entries"]
-    assert_the_seven_points(a_dir, b_dir, get, attention)
+    assert_the_seven_points(a_dir, b_dir, get, attention, found_by="list" if find == "poll" else "watch")
 
 
 # --- over the bus: a real nats-server with accounts, a real node -------------------------------
-PASSWORD = "handoff-test"
-
-
-def accounts_server(workdir: Path, agents: dict[str, dict[str, Any]]) -> ConfiguredServer:
-    """The mesh account (the node's, user `mesh`) exporting the mesh's services, and one account per
-    agent importing them with share: true, so the server stamps every request with the caller's
-    account and user. Users of the mesh account are infrastructure."""
-    agent_users = [(c["account"], c["user"], PASSWORD) for c in agents.values()]
-    return ConfiguredServer(workdir, accounts_block([("mesh", PASSWORD)], agent_users)).start()
-
-
-def url_of(server: ConfiguredServer, caller: dict[str, Any]) -> str:
-    return f"nats://{caller['user']}:{PASSWORD}@127.0.0.1:{server.port}"
-
-
 @pytest.fixture
 def bus(tmp_path: Path) -> Iterator[ConfiguredServer]:
-    server = accounts_server(tmp_path / "nats", {"a": A, "b": B})
+    server = accounts_server(tmp_path / "nats", [A, B])
     yield server
     server.stop()
-
-
-def start_node(tmp_path: Path, server: ConfiguredServer, name: str, limits: dict[str, str]) -> NodeProcess:
-    config = f'[nats]\nuser = "mesh"\npassword = "{PASSWORD}"\n'
-    node = NodeProcess(tmp_path, MODULE_DIR, server.url, name, config=FAST_CONFIG + config, env=limits)
-    node.wait_log("serving on", timeout=600)  # the first start builds the bundle (SQLite: a minute cold)
-
-    async def ready() -> None:
-        nc = await client(f"nats://mesh:{PASSWORD}@127.0.0.1:{server.port}")
-        try:
-            await wait_state(nc, name, "handoff/tools", "ready", timeout=600)
-        finally:
-            await nc.close()
-
-    asyncio.run(ready())
-    return node
-
-
-class BusCaller:
-    """One caller's own connection; `call` is a request on mesh.seat.handoff.<verb>."""
-
-    def __init__(self, server: ConfiguredServer, caller: dict[str, Any]) -> None:
-        self.url = url_of(server, caller)
-
-    def call(self, verb: str, **arguments: Any) -> dict[str, Any]:
-        async def go() -> dict[str, Any]:
-            nc = await client(self.url)
-            try:
-                msg = await nc.request(f"mesh.seat.handoff.{verb}", json.dumps(arguments).encode(), timeout=15)
-            finally:
-                await nc.close()
-            assert not (msg.headers and "Nats-Service-Error-Code" in msg.headers), (msg.headers, msg.data)
-            return json.loads(msg.data)
-
-        return asyncio.run(go())
 
 
 def test_the_node_serves_the_seat_to_callers_of_other_accounts(
@@ -296,9 +252,9 @@ def test_the_node_serves_the_seat_to_callers_of_other_accounts(
     node = start_node(tmp_path, bus, "handoff-node", {})
     try:
         listed = BusCaller(bus, A).call("list")
-        assert listed["structuredContent"] == {"entries": []}, listed
+        assert listed["structuredContent"]["entries"] == [], listed
         attention = BusCaller(bus, B).call("attention")
-        assert attention["structuredContent"] == {"entries": []}
+        assert attention["structuredContent"]["entries"] == []
     finally:
         assert node.terminate() == 0
 
@@ -311,6 +267,20 @@ def test_two_agents_over_the_bus(tmp_path: Path, bus: ConfiguredServer, stage: P
         watcher = BusCaller(bus, A)  # reading needs no identity; any caller sees the same store
         attention = watcher.call("attention")["structuredContent"]["entries"]
         assert_the_seven_points(a_dir, b_dir, lambda i: watcher.call("get", id=i)["structuredContent"], attention)
+    finally:
+        node.terminate()
+
+
+def test_two_agents_over_the_bus_b_watching(tmp_path: Path, bus: ConfiguredServer, stage: Path) -> None:
+    """The same acceptance, B finding its work with handoff.watch instead of polling handoff.list."""
+    node = start_node(tmp_path, bus, "handoff-watch", {})
+    try:
+        a_dir, b_dir = workdirs(tmp_path)
+        run_agents(a_dir, b_dir, ["--bus", url_of(bus, A)], ["--bus", url_of(bus, B)], find="watch")
+        watcher = BusCaller(bus, A)
+        attention = watcher.call("attention")["structuredContent"]["entries"]
+        get = lambda i: watcher.call("get", id=i)["structuredContent"]  # noqa: E731
+        assert_the_seven_points(a_dir, b_dir, get, attention, found_by="watch")
     finally:
         node.terminate()
 
@@ -334,6 +304,6 @@ def test_the_clocks_over_the_bus_with_nobody_calling(tmp_path: Path, bus: Config
         time.sleep(max(0.0, 4.4 - (time.monotonic() - started)))
         late = a.call("get", id=quiet["id"])["structuredContent"]
         assert late["state"] == "blocked" and "unanswered" in late["log"][-1]["why"]
-        assert a.call("attention")["structuredContent"] == {"entries": []}
+        assert a.call("attention")["structuredContent"]["entries"] == []
     finally:
         node.terminate()

@@ -2,15 +2,15 @@
 agent and touches only the `handoff` seat. Run twice, as two OS processes with two identities.
 
     handoff_agent.py a --workdir DIR --bus nats://alice:pw@127.0.0.1:4222
-    handoff_agent.py b --workdir DIR --bus nats://bob:pw@127.0.0.1:4222
+    handoff_agent.py b --workdir DIR --bus nats://bob:pw@127.0.0.1:4222 [--find watch]
     (--relay instead of --bus: calls go as JSON lines on stdout, results come back on stdin)
 
 Agent A has a task in two halves (DIR/task.json): half 1 it does alone; half 2 needs the scale
 factor that only B's calibration file holds. A looks where it can, then opens entry 1 and waits
 on it; with the answer it finishes half 2. Then it opens entry 2, a question nobody can answer,
 replies once to the follow-up and waits for the entry to end. Agent B polls handoff.list for
-open entries, claims each, answers what its own files tell it, and otherwise asks one follow-up
-and blocks. Each writes what it did to DIR/report.json. Neither ever escalates.
+open entries (or, with --find watch, long-polls handoff.watch), claims each, answers what its
+own files tell it, and otherwise asks one follow-up and blocks. Each writes what it did to DIR/report.json. Neither ever escalates.
 """
 
 from __future__ import annotations
@@ -157,16 +157,35 @@ async def agent_a(agent: Agent) -> None:
 
 
 # --- agent B --------------------------------------------------------------------------------
-async def agent_b(agent: Agent, expect: int, limit_s: float = 60) -> None:
+class Finder:
+    """How B finds open work: by polling handoff.list, or by handoff.watch, a long poll that
+    returns as soon as an open entry appears (its `after` carried from one call to the next)."""
+
+    def __init__(self, agent: Agent, how: str) -> None:
+        self.agent, self.how, self.after = agent, how, 0
+
+    async def open_entries(self) -> list[dict[str, Any]]:
+        if self.how == "poll":
+            entries: list[dict[str, Any]] = (await self.agent.verb("list", state="open"))["entries"]
+            if not entries:
+                await asyncio.sleep(0.1)
+            return entries
+        page = await self.agent.verb("watch", state="open", after=self.after, timeout_s=5)
+        self.after = page["after"]
+        return list(page["entries"])
+
+
+async def agent_b(agent: Agent, expect: int, find: str, limit_s: float = 60) -> None:
     calibration = json.loads((agent.workdir / "calibration.json").read_text())
     handled: list[dict[str, Any]] = []
+    finder = Finder(agent, find)
     deadline = time.monotonic() + limit_s
     while len(handled) < expect:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"found {len(handled)} of {expect} entries by polling")
-        entries = (await agent.verb("list", state="open"))["entries"]  # B finds work only by polling
+            raise TimeoutError(f"found {len(handled)} of {expect} entries with {find}")
+        done = {h["id"] for h in handled}
+        entries = [e for e in await finder.open_entries() if e["id"] not in done]  # B finds work only itself
         if not entries:
-            await asyncio.sleep(0.1)
             continue
         entry = await agent.verb("claim", id=entries[0]["id"])
         handled.append({"id": entry["id"], "frage": entry["frage"], "priority_seen": entry["priority"]})
@@ -190,6 +209,7 @@ async def main() -> int:
     parser.add_argument("--bus")
     parser.add_argument("--relay", action="store_true")
     parser.add_argument("--expect", type=int, default=2, help="B: how many entries to handle")
+    parser.add_argument("--find", choices=["poll", "watch"], default="poll", help="B: how it finds open entries")
     args = parser.parse_args()
     transport: Bus | Relay = Bus(args.bus, f"handoff-agent-{args.role}") if args.bus else Relay()
     agent = Agent(transport, args.workdir)
@@ -198,7 +218,7 @@ async def main() -> int:
         if args.role == "a":
             await agent_a(agent)
         else:
-            await agent_b(agent, args.expect)
+            await agent_b(agent, args.expect, args.find)
         agent.report["ok"] = True
     except (Refused, TimeoutError, SystemExit) as e:
         agent.report["ok"] = False

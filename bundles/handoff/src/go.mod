@@ -4,6 +4,7 @@ go 1.25.0
 
 require (
 	github.com/modelcontextprotocol/go-sdk v1.8.0
+	golang.org/x/text v0.41.0
 	mesh.local/sdk/go v0.0.0
 	modernc.org/sqlite v1.58.0
 )

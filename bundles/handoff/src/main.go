@@ -1,7 +1,7 @@
-// handoff is the mesh's agent handoff seat (seed 002, issue 13): an agent that is stuck opens an
-// entry, another finds it by polling handoff.list, claims it and answers. The module keeps the
-// contract's counters and clocks itself; the owner and the opener are the caller the node
-// stamped on the call, never an argument.
+// handoff is the mesh's agent handoff seat (seed 002, issues 13 and 25): an agent that is stuck
+// opens an entry, another finds it (polling handoff.list, or handoff.watch), claims it and
+// answers. The module keeps the contract's counters and clocks itself; the owner and the opener
+// are the caller the node stamped on the call, never an argument.
 package main
 
 import (
@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,36 +19,60 @@ import (
 )
 
 func main() {
+	os.Exit(run())
+}
+
+func run() int {
 	env, err := meshsdk.Facts()
 	logger := meshsdk.Logger()
 	if err != nil {
 		logger.Error("handoff needs the node's MESH_* facts (its store lives in MESH_DATA_DIR)", "error", err)
-		os.Exit(2)
+		return 2
 	}
 	limits, err := limitsFromEnv()
 	if err != nil {
 		logger.Error("bad limit", "error", err)
-		os.Exit(2)
+		return 2
+	}
+	humans, err := ParseHumans(os.Getenv("HANDOFF_HUMANS"))
+	if err != nil {
+		logger.Error("bad HANDOFF_HUMANS", "error", err)
+		return 2
 	}
 	store, err := OpenStore(env.DataDir)
 	if err != nil {
 		logger.Error("cannot open the store", "error", err)
-		os.Exit(1)
+		return 1
 	}
 	defer store.Close()
-	desk := NewDesk(store, time.Now, limits)
+	desk, err := NewDesk(store, time.Now, limits, humans)
+	if err == nil {
+		// This process keeps the clocks from now on; an older one on the same store stops its own.
+		err = desk.TakeClock()
+	}
+	if err != nil {
+		logger.Error("cannot read the store", "error", err)
+		return 1
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	go runClock(ctx, desk, tickEvery(limits))
-
-	server := meshsdk.NewServer("handoff", "0.1.0")
+	server := meshsdk.NewServer("handoff", "0.2.0")
 	addVerbs(server, desk)
-	slog.Info("handoff serving", "store", env.DataDir, "unanswered", limits.Unanswered, "claim", limits.Claim)
-	if err := meshsdk.Serve(ctx, server); err != nil && ctx.Err() == nil {
+	var background sync.WaitGroup
+	background.Go(func() { desk.RunClock(ctx) })
+	background.Go(func() { desk.PollStore(ctx, pollEvery(limits)) })
+	slog.Info("handoff serving", "store", env.DataDir, "unanswered", limits.Unanswered, "claim", limits.Claim, "humans", humans.String())
+	err = meshsdk.Serve(ctx, server)
+	signalled := ctx.Err() != nil
+	// stdin closed (the node stops this child) or SIGTERM: the clock stops before the store closes.
+	stop()
+	background.Wait()
+	if err != nil && !signalled {
 		slog.Error("stdio session failed", "error", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // limitsFromEnv reads HANDOFF_UNANSWERED_S and HANDOFF_CLAIM_S (seconds, fractions allowed so
@@ -71,27 +96,4 @@ func seconds(name string, fallback float64) (time.Duration, error) {
 		return 0, fmt.Errorf("%s=%q: give a number of seconds above 0 and at most a year, e.g. %s=%g", name, raw, name, fallback)
 	}
 	return time.Duration(v * float64(time.Second)), nil
-}
-
-// tickEvery looks at the clocks often enough that an expiry is late by at most a twentieth of
-// the shortest limit, and at most a second.
-func tickEvery(l Limits) time.Duration {
-	every := min(l.Unanswered, l.Claim) / 20
-	return max(20*time.Millisecond, min(every, time.Second))
-}
-
-// runClock is the module keeping time itself: expiries happen when nobody calls.
-func runClock(ctx context.Context, desk *Desk, every time.Duration) {
-	ticker := time.NewTicker(every)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-			if _, err := desk.Tick(); err != nil {
-				slog.Error("the clock could not update the store", "error", err)
-			}
-		}
-	}
 }
