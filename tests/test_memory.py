@@ -25,7 +25,10 @@ SDK = REPO / "sdk" / "python"
 ALICE = {"account": "ALICE", "user": "alice", "name": "alice-laptop", "via": "bus"}
 BOB = {"account": "BOB", "user": "bob", "name": None, "via": "mcp"}
 OPERATOR = {"account": "MESH", "user": None, "name": None, "via": "local"}
-VERBS = {"remember", "recall", "forget", "scopes", "load_context", "create_scope", "archive_scope"}
+VERBS = {
+    "remember", "recall", "forget", "history", "restore", "purge", "scopes", "load_context",
+    "create_scope", "archive_scope", "unarchive_scope", "rename_scope",
+}
 
 
 class MemoryChild:
