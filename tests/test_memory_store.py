@@ -7,36 +7,18 @@ rule gets its edge cases cheaply.
 from __future__ import annotations
 
 import sqlite3
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "bundles" / "memory" / "src"
-if str(SRC) not in sys.path:
-    sys.path.insert(0, str(SRC))
+from tests.support.memory_store import ALICE, BILLING, BOB, OPERATOR, Memory  # first: the module's source on sys.path
 
-from memory.config import Config, ConfigError, Project, load_config  # noqa: E402
-from memory.model import TYPES, Refused, Writer  # noqa: E402
-from memory.schema import VERSION, SchemaTooNew, migrate  # noqa: E402
-from memory.store import DB_FILE, Store  # noqa: E402
-
-ALICE = Writer(id="ALICE/alice", account="ALICE", via="bus", owner="ALICE/alice")
-BOB = Writer(id="BOB/bob", account="BOB", via="mcp", owner="BOB/bob")
-OPERATOR = Writer(id="MESH", account="MESH", via="local", owner="MESH")
-BILLING = Project("billing", "Billing platform", "Invoices and payments")
-
-
-class Memory(Store):
-    """The store with its answers' structuredContent, as the tests read it."""
-
-    def put(self, who: Writer | None, content: Any, type: Any, key: Any = None, scope: Any = None) -> dict[str, Any]:
-        return self.remember(who, content, type, key, scope).data
-
-    def find(self, who: Writer | None, **filters: Any) -> list[dict[str, Any]]:
-        return self.recall(who, **filters).data["entries"]
+# isort: split
+from memory.config import Config, ConfigError, load_config
+from memory.model import TYPES, Refused
+from memory.schema import VERSION, SchemaTooNew, migrate
+from memory.store import DB_FILE, Store
 
 
 @pytest.fixture

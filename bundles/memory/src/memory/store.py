@@ -714,12 +714,14 @@ class Store:
                 ids, total, complete = list(listing.ids[at:at + limit]), len(listing.ids), listing.complete
                 token = cursor.rpartition(".")[0].partition(".")[2]
             page_ids = ids[:limit]
+            # The page's entries as they are now, still matching: one forgotten, or changed so that it no
+            # longer matches, since the listing began is left out (not a gap: the others keep their places).
             rows = {
                 r["id"]: r
                 for r in self.db.execute(
-                    f"SELECT {_ENTRY_COLUMNS} {_FROM_ENTRY} WHERE e.id IN (SELECT value FROM json_each(:ids)) "
-                    f"AND e.forgotten = 0 AND {_VISIBLE}",
-                    {"ids": json.dumps(page_ids), "me": me},
+                    f"SELECT {_ENTRY_COLUMNS} {source} WHERE {' AND '.join(where)} "
+                    "AND e.id IN (SELECT value FROM json_each(:ids))",
+                    {**params, "ids": json.dumps(page_ids)},
                 )
             }
             entries: list[dict[str, Any]] = []
@@ -728,7 +730,7 @@ class Store:
             budget = ReplyBudget()
             for entry_id in page_ids:
                 row = rows.get(entry_id)
-                if row is not None:  # forgotten since the listing began: left out, not a gap
+                if row is not None:
                     entry = _entry(row)
                     line = render.entry_line(entry)
                     if not budget.take(json_len(entry) + json_len(line)) and entries:
