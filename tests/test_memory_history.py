@@ -157,7 +157,9 @@ def test_purge_erases_the_entry_and_its_history_down_to_the_files_bytes(tmp_path
     store.put(BOB, f"The API key is {secret}, do not share.", "constraint", "api.key")
     store.forget(BOB, id=entry["id"])
     store.restore(BOB, entry["id"], 2)  # back in the index
-    with pytest.raises(Refused, match=f"BOB/bob may not purge #{entry['id']}: purging erases the entry and its history"):
+    with pytest.raises(
+        Refused, match=f"BOB/bob may not purge #{entry['id']}: purging erases the entry and its history"
+    ):
         store.purge(BOB, entry["id"])
     done = bounded(store.purge(OPERATOR, entry["id"]))
     assert done.data["purged"] == entry["id"] and done.data["by"] == "MESH" and done.data["versions"] == 4

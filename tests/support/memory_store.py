@@ -21,7 +21,7 @@ from mesh_sdk.call import Caller  # noqa: E402
 
 
 def _writer(account: str, user: str | None, via: str) -> Writer:
-    made = writer(Caller(account=account, user=user, name=None, via=via))  # type: ignore[arg-type]
+    made = writer(Caller(account=account, user=user, name=None, via=via))
     assert made is not None
     return made
 
