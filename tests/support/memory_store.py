@@ -60,3 +60,23 @@ class Memory(Store):
 
     def find(self, who: Writer | None, **filters: Any) -> list[dict[str, Any]]:
         return bounded(self.recall(who, **filters)).data["entries"]
+
+
+def version_2_store(path: Path, entries: list[tuple[str, str]], author: str = "alice/alice") -> None:
+    """A data file as release 0.1.0 of the module (schema 2) holds `entries` (type, content) in the
+    global scope: written with SQL, so it holds what that release let through (control characters)."""
+    import sqlite3
+
+    from memory.schema import migrate
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    migrate(db, upto=2)
+    db.execute("BEGIN")
+    db.executemany(
+        "INSERT INTO entry (scope_id, type, content, author, source, created_at, updated_at) "
+        "VALUES (1, ?, ?, ?, 'bus', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+        [(type_, content, author) for type_, content in entries],
+    )
+    db.execute("COMMIT")
+    db.close()
