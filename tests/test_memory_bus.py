@@ -228,7 +228,9 @@ async def versions(nc: Client, **which: Any) -> list[dict[str, Any]]:
 
 async def test_every_change_is_attributed_and_nothing_is_lost(members: dict[str | None, Client]) -> None:
     alice, bob, ops = members["alice"], members["bob"], members[None]
-    first = await entry(alice, "remember", content="Quokka payments settle at 17:00.", type="constraint", key="pay.cutoff")
+    first = await entry(
+        alice, "remember", content="Quokka payments settle at 17:00.", type="constraint", key="pay.cutoff"
+    )
     await entry(bob, "remember", content="Quokka payments settle at 18:00.", type="constraint", key="pay.cutoff")
     gone = await entry(bob, "forget", scope="global", key="pay.cutoff")
     assert gone == {"forgotten": first["id"], "version": 3}
@@ -241,7 +243,10 @@ async def test_every_change_is_attributed_and_nothing_is_lost(members: dict[str 
         ("upsert", BOB, "bus"),
         ("remember", ALICE, "bus"),
     ]
-    assert history[1]["before"] == "Quokka payments settle at 17:00." and history[1]["content"] == "Quokka payments settle at 18:00."
+    assert (
+        history[1]["before"] == "Quokka payments settle at 17:00."
+        and history[1]["content"] == "Quokka payments settle at 18:00."
+    )
     # bob may not bring back alice's version; alice may.
     said = refusal(await ask(bob, "restore", id=first["id"], version=1))
     assert said.startswith(f"{BOB} may not restore version 1 of #{first['id']}: its author ({ALICE})")
@@ -282,8 +287,14 @@ async def test_rename_and_unarchive_scope(members: dict[str | None, Client]) -> 
     written = await entry(alice, "remember", content="Ranking uses bm25.", type="decision", scope="search-team")
     assert written["scope"] == "search-team"
     listed = (await entry(alice, "scopes", include_private=False))["scopes"]
-    assert {"slug": "search-team", "name": "Search and ranking", "kind": "project", "description": "",
-            "archived": False, "entries": 1} in listed
+    assert {
+        "slug": "search-team",
+        "name": "Search and ranking",
+        "kind": "project",
+        "description": "",
+        "archived": False,
+        "entries": 1,
+    } in listed
     assert all(s["kind"] != "private" for s in listed)
 
 

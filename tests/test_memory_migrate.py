@@ -44,7 +44,16 @@ def version_2_file(path: Path) -> None:
         db.execute(
             "INSERT INTO entry (scope_id, type, key, content, author, source, created_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (scope, type_, key, content, author, source, f"2026-01-0{created[1]}T00:00:00Z", f"2026-01-0{updated[1]}T00:00:00Z"),
+            (
+                scope,
+                type_,
+                key,
+                content,
+                author,
+                source,
+                f"2026-01-0{created[1]}T00:00:00Z",
+                f"2026-01-0{updated[1]}T00:00:00Z",
+            ),
         )
     db.close()
 
@@ -103,9 +112,7 @@ def run_step(data_dir: Path | None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SDK)}
     if data_dir is not None:
         env["MESH_DATA_DIR"] = str(data_dir)
-    return subprocess.run(
-        [sys.executable, "migrate.py"], cwd=SRC, env=env, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "migrate.py"], cwd=SRC, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_the_step_migrates_once_and_names_what_it_cannot_do(tmp_path: Path) -> None:
