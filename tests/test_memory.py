@@ -26,8 +26,18 @@ ALICE = {"account": "ALICE", "user": "alice", "name": "alice-laptop", "via": "bu
 BOB = {"account": "BOB", "user": "bob", "name": None, "via": "mcp"}
 OPERATOR = {"account": "MESH", "user": None, "name": None, "via": "local"}
 VERBS = {
-    "remember", "recall", "forget", "history", "restore", "purge", "scopes", "load_context",
-    "create_scope", "archive_scope", "unarchive_scope", "rename_scope",
+    "remember",
+    "recall",
+    "forget",
+    "history",
+    "restore",
+    "purge",
+    "scopes",
+    "load_context",
+    "create_scope",
+    "archive_scope",
+    "unarchive_scope",
+    "rename_scope",
 }
 
 
@@ -99,6 +109,27 @@ def test_the_seat_verbs_are_listed(child: MemoryChild) -> None:
         "glossary",
         "status",
     ]
+    # What a program (the console's web page) gets, published as each verb's output schema.
+    for verb, fields in {
+        "remember": {
+            "id",
+            "scope",
+            "type",
+            "key",
+            "content",
+            "author",
+            "source",
+            "created_at",
+            "updated_at",
+            "version",
+        },
+        "recall": {"entries", "next_cursor"},
+        "history": {"id", "scope", "key", "forgotten", "purged", "versions", "next_cursor"},
+        "scopes": {"scopes", "next_cursor"},
+        "load_context": {"text", "entries", "truncated", "left_out"},
+    }.items():
+        published = tools[f"memory.{verb}"]["outputSchema"]
+        assert fields <= set(published["properties"]), (verb, published)
 
 
 def test_two_members_write_and_read(child: MemoryChild) -> None:
