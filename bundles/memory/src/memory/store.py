@@ -707,8 +707,10 @@ class Store:
             listing_sql = f"SELECT e.id {source} WHERE {' AND '.join(where)} ORDER BY {order} LIMIT :n"
 
             if cursor is None:
-                ids = [r[0] for r in self.db.execute(listing_sql, {**params, "n": limit + 1})]
-                at, total, complete, token = 0, len(ids), True, None
+                # Ranked, every match is scored and sorted whatever the LIMIT: take all the ids at once.
+                first = MAX_LISTED + 1 if query is not None else limit + 1
+                ids = [r[0] for r in self.db.execute(listing_sql, {**params, "n": first})]
+                at, total, complete, token = 0, len(ids), len(ids) <= MAX_LISTED, None
             else:
                 listing, at = self.listings.find(cursor, owner, arguments)
                 ids, total, complete = list(listing.ids[at:at + limit]), len(listing.ids), listing.complete
@@ -741,7 +743,9 @@ class Store:
             next_cursor = None
             if at + used < total:
                 if token is None:  # more than this page: the listing's order is kept for the next ones
-                    everything = [r[0] for r in self.db.execute(listing_sql, {**params, "n": MAX_LISTED + 1})]
+                    everything = ids if query is not None else [
+                        r[0] for r in self.db.execute(listing_sql, {**params, "n": MAX_LISTED + 1})
+                    ]
                     complete = len(everything) <= MAX_LISTED
                     token = self.listings.open(owner, arguments, everything[:MAX_LISTED], complete)
                 next_cursor = self.listings.cursor(token, at + used)
@@ -784,39 +788,41 @@ class Store:
         headers = {s["id"]: render.context_header(_scope(s)["slug"], _scope(s)["name"]) for s in sections}
         ids = list(rank)
         section_rank = "CASE e.scope_id " + " ".join(f"WHEN {i} THEN {r}" for i, r in rank.items()) + " END"
-        chosen: dict[int, list[tuple[tuple[int, int], dict[str, Any], str]]] = {i: [] for i in ids}
+        chosen: dict[int, list[tuple[dict[str, Any], str]]] = {i: [] for i in ids}
         left = budget
         replies = ReplyBudget()
         # The answer's own fields: truncated, left_out (a slug and a count per section), the note, twice.
         replies.take(3 * sum(len(_scope(s)["slug"]) + 24 for s in sections) + 256)
-        order = 0
-        # Lengths first, from SQL: an entry that cannot fit is never read whole.
-        candidates = self.db.execute(
-            # The content's characters as answers show it (clipped: at least 3,000 of them when its bytes are cut).
-            f"SELECT e.id, e.scope_id, e.type, length(e.key) AS key_chars, CASE WHEN length(CAST(e.content AS BLOB)) "
-            f"<= {MAX_CONTENT_BYTES} THEN min(length(e.content), {MAX_CONTENT}) ELSE {MAX_CONTENT_BYTES // 4} END AS chars "
+        # Each entry's line length at least, from SQL, so one that cannot fit is never read whole: its
+        # content's characters as answers show it (clipped: at least 3,000 when its bytes are cut), its
+        # label ("- [type] key: ", "\n"). Plain tuples: the loop may pass every entry of the scopes.
+        candidates = self.db.cursor()
+        candidates.row_factory = None
+        candidates.execute(
+            f"SELECT e.id, e.scope_id, length(e.type) + 6 + coalesce(length(e.key) + 2, 0) + CASE WHEN "
+            f"length(CAST(e.content AS BLOB)) <= {MAX_CONTENT_BYTES} THEN min(length(e.content), {MAX_CONTENT}) "
+            f"ELSE {MAX_CONTENT_BYTES // 4} END "
             f"FROM entry e WHERE e.forgotten = 0 AND e.scope_id IN ({_placeholders(ids)}) "
             f"ORDER BY {_TYPE_RANK}, {section_rank}, {_NEWEST}",
             ids,
         )
-        for c in candidates:
+        for entry_id, scope_id, at_least in candidates:
             if left < _MIN_CONTEXT_LINE:
                 break  # nothing more can fit; what is left is counted below
-            header = 0 if chosen[c["scope_id"]] else len(headers[c["scope_id"]])
-            at_least = len(c["type"]) + 5 + (c["key_chars"] + 2 if c["key_chars"] else 0) + c["chars"] + header
-            if at_least > left:
+            header = 0 if chosen[scope_id] else len(headers[scope_id])
+            if at_least + header > left:
                 continue
-            row = self.db.execute(f"SELECT {_ENTRY_COLUMNS} {_FROM_ENTRY} WHERE e.id = ?", (c["id"],)).fetchone()
+            row = self.db.execute(f"SELECT {_ENTRY_COLUMNS} {_FROM_ENTRY} WHERE e.id = ?", (entry_id,)).fetchone()
             entry = _entry(row)
             line = render.context_line(entry)
             cost = len(line) + header
             # Each line is in the text twice (the text, and structuredContent's copy), the entry once.
-            size = 2 * json_len(line) + json_len(entry) + (2 * json_len(headers[c["scope_id"]]) if header else 0)
+            size = 2 * json_len(line) + json_len(entry) + (2 * json_len(headers[scope_id]) if header else 0)
             if cost > left or not replies.take(size):
                 continue  # does not fit: the next, smaller or less important, may
             left -= cost
-            order += 1
-            chosen[c["scope_id"]].append(((order, c["id"]), entry, line))
+            chosen[scope_id].append((entry, line))
+        candidates.close()
         counts = self._counts(ids)
         text_parts, entries = [], []
         left_out: dict[str, int] = {}
@@ -826,7 +832,7 @@ class Store:
             left_out[slug] = counts.get(s["id"], 0) - len(picked)
             if picked:
                 text_parts.append(headers[s["id"]])
-                for _, entry, line in picked:  # in packing order: within a section, the type's, then the newest
+                for entry, line in picked:  # in packing order: within a section, the type's, then the newest
                     text_parts.append(line)
                     entries.append(entry)
         text = "".join(text_parts)
