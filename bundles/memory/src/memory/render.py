@@ -34,8 +34,9 @@ def scope_line(scope: dict[str, Any]) -> str:
 
 
 def version_line(version: dict[str, Any]) -> str:
+    """One version of an entry's history: when, what, by whom, through what; the text when it changed."""
     what = {
-        "import": "as it read when history began",
+        "import": "as it read when its history began",
         "remember": "remembered",
         "upsert": "changed",
         "forget": "forgotten",
@@ -43,11 +44,12 @@ def version_line(version: dict[str, Any]) -> str:
         "unarchive": "scope unarchived",
         "restore": f"restored version {version['restored']}",
     }.get(version["action"], version["action"])
-    state = " (forgotten)" if version["forgotten"] and version["action"] != "forget" else ""
-    line = (
-        f"v{version['version']} {what} by {version['by']} via {version['via']}, {version['at']}{state}: "
-        f"{version['type']}: {version['content']}  (written by {version['author']})"
-    )
+    line = f"v{version['version']} {version['at']} {what} by {version['by']} via {version['via']}"
+    if version["action"] in ("forget", "archive", "unarchive"):
+        return line  # the text is as the version before left it
+    line += f": {version['type']}: {version['content']}"
+    if version["author"] != version["by"]:
+        line += f"  (written by {version['author']})"
     if version["before"] is not None and version["before"] != version["content"]:
         line += f"\n    before: {version['before']}"
     return line

@@ -361,7 +361,7 @@ class Store:
                 return self._scope_answer(row["id"], f"scope {slug} was archived already")
             self.db.execute("UPDATE scope SET archived = 1 WHERE id = ?", (row["id"],))
             count = self._version_all(row["id"], me, "archive", now())
-            return self._scope_answer(row["id"], f"archived scope {slug} (read-only; {count} entries have a new version)")
+            return self._scope_answer(row["id"], f"archived scope {slug} (read-only; {_entries(count)} with a new version)")
 
     def unarchive_scope(self, who: Writer | None, slug: Any) -> Answer:
         with self._tx():
@@ -370,7 +370,7 @@ class Store:
                 return self._scope_answer(row["id"], f"scope {slug} is not archived")
             self.db.execute("UPDATE scope SET archived = 0 WHERE id = ?", (row["id"],))
             count = self._version_all(row["id"], me, "unarchive", now())
-            return self._scope_answer(row["id"], f"unarchived scope {slug} (writable; {count} entries have a new version)")
+            return self._scope_answer(row["id"], f"unarchived scope {slug} (writable; {_entries(count)} with a new version)")
 
     def rename_scope(self, who: Writer | None, slug: Any, name: Any, description: Any = None) -> Answer:
         """A new name (and description) for global or a project scope; the slug never changes."""
@@ -579,7 +579,7 @@ class Store:
         # Out of the transaction: the write-ahead log still holds the old pages until a checkpoint empties it.
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return Answer(
-            f"purged #{entry_id} by {me.id} at {stamp}: the entry and its {versions} versions are erased",
+            f"purged #{entry_id} by {me.id} at {stamp}: the entry and its history ({_versions(versions)}) are erased",
             {"purged": entry_id, "scope": scope, "by": me.id, "via": me.via, "at": stamp, "versions": versions},
         )
 
@@ -616,8 +616,8 @@ class Store:
                 entry_id = check_id(id)
                 if self._row(who, entry_id) is None and (gone := self._purged(who, entry_id)) is not None:
                     text = (
-                        f"#{entry_id} was purged by {gone['by']} via {gone['via']} at {gone['at']}: "
-                        f"its {gone['versions']} versions were erased, nothing of its text is kept"
+                        f"#{entry_id} was purged by {gone['by']} via {gone['via']} at {gone['at']}: it and its history "
+                        f"({_versions(gone['versions'])}) were erased; nothing of its text is kept"
                     )
                     return Answer(text, {"id": entry_id, "scope": gone.pop("scope"), "key": None, "forgotten": None,
                                          "purged": gone, "versions": [], "next_cursor": None})
@@ -633,7 +633,7 @@ class Store:
             entry = _entry(row)
             head = (
                 f"#{entry['id']} [{entry['scope']}]{' ' + entry['key'] if entry['key'] else ''}: "
-                f"{row['version']} versions{', forgotten' if row['forgotten'] else ''}"
+                f"{_versions(row['version'])}{', forgotten' if row['forgotten'] else ''}"
             )
             versions: list[dict[str, Any]] = []
             lines = [head]
@@ -844,6 +844,14 @@ class Store:
                 text += note
         assert len(text) <= budget
         return Answer(text or "no entries", {"text": text, "entries": entries, "truncated": truncated, "left_out": left_out})
+
+
+def _entries(count: int) -> str:
+    return f"{count} entr{'y' if count == 1 else 'ies'}"
+
+
+def _versions(count: int) -> str:
+    return f"{count} version{'' if count == 1 else 's'}"
 
 
 def _version_shown(v: sqlite3.Row, before: str | None) -> dict[str, Any]:
