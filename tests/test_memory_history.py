@@ -63,7 +63,11 @@ def test_every_change_is_a_version_with_who_when_via_and_the_text_before(store: 
     # By scope and key: the same history.
     assert versions(store, BOB, scope="billing", key="data.retention") == found
     text = store.history(BOB, id=first["id"]).text
-    assert "v3 forgotten by BOB/bob via mcp" in text and "before: Retention is 30 days." in text
+    v3 = next(line for line in text.splitlines() if line.startswith("v3 "))
+    assert v3 == f"v3 {by_version[3]['at']} forgotten by BOB/bob via mcp"  # the text did not change: not repeated
+    assert f"v2 {by_version[2]['at']} changed by BOB/bob via mcp: decision: Retention is 90 days.\n" in text
+    assert "\n    before: Retention is 30 days.\n" in text
+    assert "restored version 1 by ALICE/alice via bus: constraint: Retention is 30 days.\n" in text
 
 
 def test_the_same_statement_again_is_no_new_version(store: Memory) -> None:
