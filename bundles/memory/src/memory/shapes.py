@@ -15,7 +15,7 @@ Action = Literal["import", "remember", "upsert", "forget", "archive", "unarchive
 class Entry(TypedDict):
     id: int
     scope: str  # a project's slug, "global", or "private" (the caller's own)
-    type: TypeName
+    type: str  # one of the six (TypeName); a str here so a hand-edited file cannot fail every answer
     key: str | None
     content: str
     author: str  # whose statement it is, from the channel
@@ -39,11 +39,11 @@ class Forgot(TypedDict):
 
 class Version(TypedDict):
     version: int
-    action: Action
+    action: str  # one of Action (a str, as Entry.type)
     at: str
     by: str  # who made the change
     via: str  # the channel it came through
-    type: TypeName
+    type: str
     content: str  # the entry's text after the change
     author: str  # whose statement the text is
     source: str

@@ -99,6 +99,15 @@ def _shown(text: str | None, max_chars: int, max_bytes: int) -> tuple[str | None
     return clip(text, max_chars, max_bytes)
 
 
+def _short(text: str, limit: int = _MAX_WHO) -> str:
+    """A stored name, type or stamp as answers show it: the module writes them short; a file may not."""
+    return clip(text, limit, limit)[0] or ""
+
+
+def _slug(row: sqlite3.Row) -> str:
+    return PRIVATE if row["kind"] == "private" else _short(row["slug"], 64)
+
+
 def _entry(row: sqlite3.Row) -> dict[str, Any]:
     """An entry as answers show it, every text within its limits whatever the file holds."""
     content, cut_content = _shown(row["content"], MAX_CONTENT, MAX_CONTENT_BYTES)
@@ -106,14 +115,14 @@ def _entry(row: sqlite3.Row) -> dict[str, Any]:
     author, cut_author = _shown(row["author"], _MAX_WHO, _MAX_WHO)
     entry = {
         "id": row["id"],
-        "scope": PRIVATE if row["kind"] == "private" else row["slug"],
-        "type": row["type"],
+        "scope": _slug(row),
+        "type": _short(row["type"], 32),
         "key": key,
         "content": content,
         "author": author,
-        "source": _shown(row["source"], 16, 16)[0],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
+        "source": _short(row["source"], 16),
+        "created_at": _short(row["created_at"], 40),
+        "updated_at": _short(row["updated_at"], 40),
         "version": row["version"],
     }
     if cut_content or cut_key or cut_author:
@@ -124,7 +133,7 @@ def _entry(row: sqlite3.Row) -> dict[str, Any]:
 def _scope(row: sqlite3.Row, entries: int = 0) -> dict[str, Any]:
     private = row["kind"] == "private"
     return {
-        "slug": PRIVATE if private else row["slug"],
+        "slug": _slug(row),
         "name": _shown(row["name"], MAX_NAME, MAX_NAME_BYTES)[0],
         "kind": row["kind"],
         "description": _shown(row["description"], MAX_DESCRIPTION, MAX_DESCRIPTION_BYTES)[0],
@@ -489,11 +498,11 @@ class Store:
             if row["forgotten"]:
                 last = self._last_version(row["id"])
                 raise Refused(
-                    f"entry #{row['id']} is forgotten already (by {last['changed_by']} at {last['changed_at']}): "
+                    f"entry #{row['id']} is forgotten already (by {_short(last['changed_by'])} at {_short(last['changed_at'], 40)}): "
                     "memory.history shows its versions, memory.restore brings one back"
                 )
             if row["archived"]:
-                raise Refused(f"scope {row['slug']!r} is archived, so it is read-only: its entries cannot be forgotten")
+                raise Refused(f"scope {_slug(row)!r} is archived, so it is read-only: its entries cannot be forgotten")
             version = row["version"] + 1
             self.db.execute("UPDATE entry SET forgotten = 1, version = ? WHERE id = ?", (version, row["id"]))
             self.db.execute("DELETE FROM entry_search WHERE rowid = ?", (row["id"],))
@@ -530,7 +539,7 @@ class Store:
                 )
             if old["author"] != me.id and not self._is_admin(me, row):
                 raise Refused(
-                    f"{me.id} may not restore version {wanted} of #{entry_id}: its author ({old['author']}) and the "
+                    f"{me.id} may not restore version {wanted} of #{entry_id}: its author ({_short(old['author'])}) and the "
                     f"scope's admins (scope_admins = {self._policy()}) may; you may memory.remember the text again"
                 )
             scope_row = self.db.execute("SELECT * FROM scope WHERE id = ?", (row["scope_id"],)).fetchone()
@@ -575,7 +584,7 @@ class Store:
             )
             # The index keeps a deleted row's words in its older segments until they merge: merge them now.
             self.db.execute("INSERT INTO entry_search (entry_search) VALUES ('optimize')")
-            scope = PRIVATE if row["kind"] == "private" else row["slug"]
+            scope = _slug(row)
         # Out of the transaction: the write-ahead log still holds the old pages until a checkpoint empties it.
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return Answer(
@@ -592,11 +601,11 @@ class Store:
         if row is None:
             return None
         return {
-            "by": row["purged_by"],
-            "via": row["purged_via"],
-            "at": row["purged_at"],
+            "by": _short(row["purged_by"]),
+            "via": _short(row["purged_via"], 16),
+            "at": _short(row["purged_at"], 40),
             "versions": row["versions"],
-            "scope": PRIVATE if row["kind"] == "private" else row["slug"],
+            "scope": _slug(row),
         }
 
     def history(
@@ -858,14 +867,14 @@ def _version_shown(v: sqlite3.Row, before: str | None) -> dict[str, Any]:
     content = _shown(v["content"], MAX_CONTENT, MAX_CONTENT_BYTES)[0]
     return {
         "version": v["version"],
-        "action": v["action"],
-        "at": v["changed_at"],
-        "by": _shown(v["changed_by"], _MAX_WHO, _MAX_WHO)[0],
-        "via": _shown(v["changed_via"], 16, 16)[0],
-        "type": v["type"],
+        "action": _short(v["action"], 16),
+        "at": _short(v["changed_at"], 40),
+        "by": _short(v["changed_by"]),
+        "via": _short(v["changed_via"], 16),
+        "type": _short(v["type"], 32),
         "content": content,
-        "author": _shown(v["author"], _MAX_WHO, _MAX_WHO)[0],
-        "source": _shown(v["source"], 16, 16)[0],
+        "author": _short(v["author"]),
+        "source": _short(v["source"], 16),
         "forgotten": bool(v["forgotten"]),
         "restored": v["restored"],
         "before": None if before is None else _shown(before, MAX_CONTENT, MAX_CONTENT_BYTES)[0],
