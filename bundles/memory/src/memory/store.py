@@ -238,7 +238,7 @@ class Store:
     def _not_archived(self, scope: sqlite3.Row) -> None:
         if scope["archived"]:
             raise Refused(
-                f"scope {scope['slug']!r} is archived, so it is read-only: write to another scope "
+                f"scope {_slug(scope)!r} is archived, so it is read-only: write to another scope "
                 f"(e.g. {GLOBAL!r} or an active project; memory.scopes lists them), or ask a scope admin to "
                 "memory.unarchive_scope it"
             )
@@ -284,9 +284,8 @@ class Store:
             if cursor is not None:
                 after_rank, after_slug = _scope_cursor(cursor)
             rows = self.db.execute(
-                "SELECT *, CASE kind WHEN 'global' THEN 0 ELSE 1 END AS rank FROM scope WHERE kind != 'private' "
-                "AND (CASE kind WHEN 'global' THEN 0 ELSE 1 END > ? OR (CASE kind WHEN 'global' THEN 0 ELSE 1 END = ? "
-                "AND slug > ?)) ORDER BY rank, slug LIMIT ?",
+                "SELECT * FROM (SELECT *, CASE kind WHEN 'global' THEN 0 ELSE 1 END AS rank FROM scope "
+                "WHERE kind != 'private') WHERE rank > ? OR (rank = ? AND slug > ?) ORDER BY rank, slug LIMIT ?",
                 (after_rank, after_rank, after_slug, limit + 1),
             ).fetchall()
             listed: list[tuple[int, sqlite3.Row | None]] = [(r["rank"], r) for r in rows]
@@ -315,7 +314,7 @@ class Store:
                     break
                 found.append(shown)
                 lines.append(line)
-                last = (rank, str(shown["slug"]))
+                last = (rank, row["slug"] if row is not None and rank < 2 else PRIVATE)  # as stored: the key
             text = "\n".join(lines) or "no scopes"
             if next_cursor:
                 text += f"\n(more: memory.scopes with cursor {next_cursor!r})"
@@ -418,10 +417,11 @@ class Store:
                 raise Refused(f"not found: no entry with id {entry_id} that you can see; memory.recall finds ids")
             return row
         if scope is not None and key is not None:
+            check_key(key)
             target = self._find_scope(who, scope, create_private=False)
             row = None if target is None else self.db.execute(
                 f"SELECT {_ENTRY_COLUMNS}, s.owner {_FROM_ENTRY} WHERE e.scope_id = ? AND e.key = ?",
-                (target["id"], check_key(key)),
+                (target["id"], key),
             ).fetchone()
             if row is None:
                 raise Refused(f"not found: no entry with key {key!r} in scope {scope!r}")
@@ -531,7 +531,8 @@ class Store:
             old = self.db.execute(
                 "SELECT * FROM entry_version WHERE entry_id = ? AND version = ?", (entry_id, wanted)
             ).fetchone()
-            assert old is not None
+            if old is None:  # versions are 1..current without gaps; only a file edited by hand lacks one
+                raise Refused(f"version {wanted} of #{entry_id} is not in its history: memory.history lists them")
             if old["forgotten"]:
                 raise Refused(
                     f"version {wanted} of #{entry_id} is a forgotten state: restore a version that reads "
