@@ -7,14 +7,17 @@ the bundle's source folder, MESH_* set, the SDK from this checkout on PYTHONPATH
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import memory_store  # noqa: F401  (puts the module's source on sys.path)
 from tests.support.stdio_client import StdioClient
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,7 +28,20 @@ SDK = REPO / "sdk" / "python"
 ALICE = {"account": "ALICE", "user": "alice", "name": "alice-laptop", "via": "bus"}
 BOB = {"account": "BOB", "user": "bob", "name": None, "via": "mcp"}
 OPERATOR = {"account": "MESH", "user": None, "name": None, "via": "local"}
-VERBS = {"remember", "recall", "forget", "scopes", "load_context", "create_scope", "archive_scope"}
+VERBS = {
+    "remember",
+    "recall",
+    "forget",
+    "history",
+    "restore",
+    "purge",
+    "scopes",
+    "load_context",
+    "create_scope",
+    "archive_scope",
+    "unarchive_scope",
+    "rename_scope",
+}
 
 
 class MemoryChild:
@@ -96,6 +112,27 @@ def test_the_seat_verbs_are_listed(child: MemoryChild) -> None:
         "glossary",
         "status",
     ]
+    # What a program (the console's web page) gets, published as each verb's output schema.
+    for verb, fields in {
+        "remember": {
+            "id",
+            "scope",
+            "type",
+            "key",
+            "content",
+            "author",
+            "source",
+            "created_at",
+            "updated_at",
+            "version",
+        },
+        "recall": {"entries", "next_cursor"},
+        "history": {"id", "scope", "key", "forgotten", "purged", "versions", "next_cursor"},
+        "scopes": {"scopes", "next_cursor"},
+        "load_context": {"text", "entries", "truncated", "left_out"},
+    }.items():
+        published = tools[f"memory.{verb}"]["outputSchema"]
+        assert fields <= set(published["properties"]), (verb, published)
 
 
 def test_two_members_write_and_read(child: MemoryChild) -> None:
@@ -258,3 +295,69 @@ def test_an_impossible_policy_answers_every_call_with_it(data_dir: Path) -> None
         child.close()
     assert "ERROR memory: memory cannot serve" in child.client.proc.stderr.read().decode()  # type: ignore[union-attr]
     assert not (data_dir / "memory.sqlite3").exists()  # no store under a policy nobody meant
+
+
+def raw_line(child: MemoryChild, verb: str, arguments: dict[str, Any], who: dict[str, Any]) -> bytes:
+    """The child's answer as the line it wrote (what the node reads and bounds)."""
+    proc = child.client.proc
+    assert proc.stdin is not None and proc.stdout is not None
+    ident = 10_000 + len(arguments)
+    params = {"name": f"memory.{verb}", "arguments": arguments, "_meta": {"mesh/caller": who}}
+    proc.stdin.write(
+        json.dumps({"jsonrpc": "2.0", "id": ident, "method": "tools/call", "params": params}).encode() + b"\n"
+    )
+    proc.stdin.flush()
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the child closed its stdout"
+        if json.loads(line).get("id") == ident:
+            return line
+
+
+def test_whatever_the_file_holds_every_answer_is_a_bounded_line(data_dir: Path) -> None:
+    child = MemoryChild(data_dir)
+    try:
+        child.ok("remember", {"content": "Written by the module.", "type": "status"}, ALICE)
+        # Rows no caller could write: a megabyte of control characters, an unknown type, a huge author.
+        db = sqlite3.connect(data_dir / "memory.sqlite3")
+        rows = [("rule", "x\x1c" * 500_000, "A" * 100_000)] + [("status", "a" + "\x1c" * 3998 + "b", "alice")] * 300
+        for type_, content, author in rows:
+            entry_id = db.execute(
+                "INSERT INTO entry (scope_id, type, content, author, source, created_at, updated_at, version) "
+                "VALUES (1, ?, ?, ?, 'bus', '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z', 1)",
+                (type_, content, author),
+            ).lastrowid
+            db.execute(
+                "INSERT INTO entry_version SELECT id, 1, 'import', updated_at, author, source, type, content, author, "
+                "source, 0, NULL FROM entry WHERE id = ?",
+                (entry_id,),
+            )
+        db.commit()
+        db.close()
+        from memory.model import MAX_REPLY_BYTES  # the source is on sys.path through tests.support
+
+        for verb, arguments in [
+            ("recall", {"limit": 200}),
+            ("load_context", {}),
+            ("load_context", {"budget_chars": 200_000}),
+            ("history", {"id": 2}),
+        ]:
+            line = raw_line(child, verb, arguments, BOB)
+            assert len(line) <= MAX_REPLY_BYTES, (verb, len(line))
+            result = json.loads(line)["result"]
+            assert result["isError"] is False, result["content"][0]["text"][:300]
+        listed, pages, cursor = [], 0, None
+        while True:  # every page a bounded line; the odd row (the oldest id) on the last one
+            arguments = {"limit": 200, **({"cursor": cursor} if cursor else {})}
+            line = raw_line(child, "recall", arguments, BOB)
+            assert len(line) <= MAX_REPLY_BYTES
+            page = json.loads(line)["result"]["structuredContent"]
+            listed += page["entries"]
+            pages += 1
+            if (cursor := page["next_cursor"]) is None:
+                break
+        assert len(listed) == 302 and pages > 2
+        odd = next(e for e in listed if e["type"] == "rule")
+        assert odd["clipped"] is True and len(odd["content"]) == 4000 and len(odd["author"]) == 520
+    finally:
+        child.close()

@@ -216,4 +216,112 @@ async def test_archived_scopes_refuse_writes(members: dict[str | None, Client]) 
     assert "archived" in refusal(await ask(alice, "forget", id=kept["id"]))
     # Read-only, not gone.
     assert [e["id"] for e in await recall(alice, scope="billing")] == [kept["id"]]
-    assert re.search(r"billing \(project, archived\)", (await ask(alice, "scopes"))["content"][0]["text"])
+    assert re.search(r"billing \(project, archived, 1 entry\)", (await ask(alice, "scopes"))["content"][0]["text"])
+
+
+# --- history, tombstones, restore, purge (issue 25) ---------------------------------------------
+
+
+async def versions(nc: Client, **which: Any) -> list[dict[str, Any]]:
+    return (await entry(nc, "history", **which))["versions"]
+
+
+async def test_every_change_is_attributed_and_nothing_is_lost(members: dict[str | None, Client]) -> None:
+    alice, bob, ops = members["alice"], members["bob"], members[None]
+    first = await entry(
+        alice, "remember", content="Quokka payments settle at 17:00.", type="constraint", key="pay.cutoff"
+    )
+    await entry(bob, "remember", content="Quokka payments settle at 18:00.", type="constraint", key="pay.cutoff")
+    gone = await entry(bob, "forget", scope="global", key="pay.cutoff")
+    assert gone == {"forgotten": first["id"], "version": 3}
+    # A tombstone: not in recall, words, key or context; the history keeps it.
+    assert await recall(alice, key="pay.cutoff") == [] and await recall(alice, query="quokka") == []
+    assert "17:00" not in (await entry(alice, "load_context", budget_chars=200_000))["text"]
+    history = await versions(alice, id=first["id"])
+    assert [(v["action"], v["by"], v["via"]) for v in history] == [
+        ("forget", BOB, "bus"),
+        ("upsert", BOB, "bus"),
+        ("remember", ALICE, "bus"),
+    ]
+    assert (
+        history[1]["before"] == "Quokka payments settle at 17:00."
+        and history[1]["content"] == "Quokka payments settle at 18:00."
+    )
+    # bob may not bring back alice's version; alice may.
+    said = refusal(await ask(bob, "restore", id=first["id"], version=1))
+    assert said.startswith(f"{BOB} may not restore version 1 of #{first['id']}: its author ({ALICE})")
+    back = await entry(alice, "restore", id=first["id"], version=1)
+    assert (back["content"], back["author"], back["version"]) == ("Quokka payments settle at 17:00.", ALICE, 4)
+    assert [e["id"] for e in await recall(bob, query="quokka")] == [first["id"]]
+    # Purge: not by a member, by the scope admins (the mesh account here); "purged by X at T" stays.
+    assert "may not purge" in refusal(await ask(alice, "purge", id=first["id"]))
+    purged = await entry(ops, "purge", id=first["id"])
+    assert (purged["purged"], purged["by"], purged["versions"]) == (first["id"], "ops/node-admin", 4)
+    record = await entry(bob, "history", id=first["id"])
+    assert record["versions"] == [] and record["purged"]["by"] == "ops/node-admin"
+    assert record["purged"]["at"] == purged["at"]
+    assert "17:00" not in json.dumps(record) and "18:00" not in json.dumps(record)
+
+
+async def test_history_and_purge_of_a_private_entry_are_its_owners(members: dict[str | None, Client]) -> None:
+    alice, bob, ops = members["alice"], members["bob"], members[None]
+    mine = await entry(bob, "remember", content="Pasted by mistake: pw=swordfish.", type="status", scope="private")
+    assert len(await versions(bob, id=mine["id"])) == 1
+    for nc in (alice, ops):  # another member, and the scope admins: as if it never was
+        said = refusal(await ask(nc, "history", id=mine["id"]))
+        assert said == f"not found: no entry with id {mine['id']} that you can see; memory.recall finds ids"
+        assert refusal(await ask(nc, "purge", id=mine["id"])).startswith("not found")
+    assert (await entry(bob, "purge", id=mine["id"]))["scope"] == "private"
+    assert (await entry(bob, "history", id=mine["id"]))["purged"]["by"] == BOB
+
+
+async def test_rename_and_unarchive_scope(members: dict[str | None, Client]) -> None:
+    alice, ops = members["alice"], members[None]
+    await entry(ops, "create_scope", slug="search-team", name="Search")
+    assert "may not rename" in refusal(await ask(alice, "rename_scope", slug="search-team", name="Mine now"))
+    renamed = await entry(ops, "rename_scope", slug="search-team", name="Search and ranking")
+    assert (renamed["slug"], renamed["name"]) == ("search-team", "Search and ranking")
+    await entry(ops, "archive_scope", slug="search-team")
+    assert "may not unarchive" in refusal(await ask(alice, "unarchive_scope", slug="search-team"))
+    assert (await entry(ops, "unarchive_scope", slug="search-team"))["archived"] is False
+    written = await entry(alice, "remember", content="Ranking uses bm25.", type="decision", scope="search-team")
+    assert written["scope"] == "search-team"
+    listed = (await entry(alice, "scopes", include_private=False))["scopes"]
+    assert {
+        "slug": "search-team",
+        "name": "Search and ranking",
+        "kind": "project",
+        "description": "",
+        "archived": False,
+        "entries": 1,
+    } in listed
+    assert all(s["kind"] != "private" for s in listed)
+
+
+async def test_search_by_stems_and_prefixes_ranked(members: dict[str | None, Client]) -> None:
+    alice, bob = members["alice"], members["bob"]
+    plural = await entry(alice, "remember", content="Zorblax invoices go out monthly.", type="convention")
+    keyed = await entry(alice, "remember", content="Numbered per year.", type="decision", key="zorblax.invoice")
+    assert {e["id"] for e in await recall(bob, query="zorblax invoice")} == {plural["id"], keyed["id"]}
+    assert {e["id"] for e in await recall(bob, query="zorbl")} == {plural["id"], keyed["id"]}  # a prefix
+    assert (await recall(bob, query="zorblax invoice"))[0]["id"] == keyed["id"]  # the key weighs more
+    assert "no words to search for" in refusal(await ask(bob, "recall", query='" ( ) *'))
+
+
+async def test_limits_are_refused_over_the_bus(members: dict[str | None, Client]) -> None:
+    bob = members["bob"]
+    said = refusal(await ask(bob, "remember", content="a" + "\x1c" * 3998 + "b", type="status"))
+    assert "control character (U+001C at character 2)" in said
+    assert "more than 4000" in refusal(await ask(bob, "remember", content="x" * 4001, type="status"))
+    assert "is not one this memory gave" in refusal(await ask(bob, "recall", cursor="not-a-cursor"))
+    assert "cursor has expired or is unknown" in refusal(await ask(bob, "recall", cursor="r.nothing.0"))
+
+
+async def test_load_context_skips_what_does_not_fit(members: dict[str | None, Client]) -> None:
+    ops, alice = members[None], members["alice"]
+    await entry(ops, "create_scope", slug="packing", name="Packing")
+    await entry(alice, "remember", content="P" * 3990, type="constraint", scope="packing")
+    await entry(alice, "remember", content="Packing status is short.", type="status", scope="packing")
+    packed = await entry(alice, "load_context", projects=["packing"], budget_chars=3000)
+    assert len(packed["text"]) <= 3000 and packed["truncated"] is True
+    assert "Packing status is short." in packed["text"] and packed["left_out"]["packing"] == 1

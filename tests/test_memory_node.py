@@ -22,12 +22,25 @@ from nats.aio.client import Client
 
 from tests.faults.security_support import ConfiguredServer
 from tests.support.callers import MESH_PASSWORD, MESH_USER, callers_node, callers_server, connect_as
-from tests.support.mesh import MESHCTL, ROOT, call, status, wait_state
+from tests.support.mesh import MESHCTL, ROOT, NodeProcess, call, status, wait_state
 from toolchains.build import build_module
 from toolchains.pack import pack
 from toolchains.verify import verify_and_unpack
 
-VERBS = ("archive_scope", "create_scope", "forget", "load_context", "recall", "remember", "scopes")
+VERBS = (
+    "archive_scope",
+    "create_scope",
+    "forget",
+    "history",
+    "load_context",
+    "purge",
+    "recall",
+    "remember",
+    "rename_scope",
+    "restore",
+    "scopes",
+    "unarchive_scope",
+)
 
 
 async def remembered(nc: Client, **args: Any) -> int:
@@ -140,53 +153,131 @@ async def module_version(nc: Client, node: str) -> str | None:
     return next((m["version"] for m in (await status(nc, node))["modules"] if m["name"] == "memory"), None)
 
 
+def deliver(node: NodeProcess, bus: ConfiguredServer, artifacts: list[Path]) -> None:
+    r = subprocess.run(
+        [*MESHCTL, "bundle", "deliver", *map(str, artifacts), "--node", node.name, "--nats", bus.url]
+        + ["--user", MESH_USER, "--password", MESH_PASSWORD],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+async def until_version(nc: Client, node: NodeProcess, version: str) -> None:
+    deadline = time.monotonic() + 90
+    while await module_version(nc, node.name) != version:
+        assert time.monotonic() < deadline, f"memory {version} never came up: {await status(nc, node.name)}"
+        await asyncio.sleep(0.2)
+    await wait_state(nc, node.name, "memory/tools", "ready", timeout=60)
+
+
+def toolchain_cache() -> Path:
+    return Path(os.environ.get("MESH_TOOLCHAIN_CACHE", ROOT / ".cache" / "toolchains"))
+
+
 @pytest.mark.slow
 def test_memory_data_survives_an_upgrade_delivered_by_meshctl(tmp_path: Path, bus: ConfiguredServer) -> None:
     out = tmp_path / "out"
-    cache = Path(os.environ.get("MESH_TOOLCHAIN_CACHE", ROOT / ".cache" / "toolchains"))
     # Two bundles: the schema migration (a step) and the tools.
-    v1 = build_module(ROOT / "bundles" / "memory", out, cache_dir=cache, progress=lambda _: None)
+    v1 = build_module(ROOT / "bundles" / "memory", out, cache_dir=toolchain_cache(), progress=lambda _: None)
     assert len(v1) == 2
-    v2 = [upgraded(a, out, "0.2.0") for a in v1]
+    v2 = [upgraded(a, out, "0.3.0") for a in v1]
     empty = tmp_path / "none"
     empty.mkdir()
     node = callers_node(tmp_path, bus, empty, "memory-upgrade", init_timeout_s=20)
 
-    def deliver(artifacts: list[Path]) -> None:
-        r = subprocess.run(
-            [*MESHCTL, "bundle", "deliver", *map(str, artifacts), "--node", node.name, "--nats", bus.url]
-            + ["--user", MESH_USER, "--password", MESH_PASSWORD],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
-
-    async def until_version(nc: Client, version: str) -> None:
-        deadline = time.monotonic() + 90
-        while await module_version(nc, node.name) != version:
-            assert time.monotonic() < deadline, f"memory {version} never came up: {await status(nc, node.name)}"
-            await asyncio.sleep(0.2)
-        await wait_state(nc, node.name, "memory/tools", "ready", timeout=60)
-
     async def run() -> None:
         nc = await connect_as(bus, None)
         try:
-            deliver(v1)
-            await until_version(nc, "0.1.0")
+            deliver(node, bus, v1)
+            await until_version(nc, node, "0.2.0")
             shared, secret = await seed(bus)
             pid = (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"]
-            deliver(v2)
-            await until_version(nc, "0.2.0")
+            deliver(node, bus, v2)
+            await until_version(nc, node, "0.3.0")
             # The migration ran as a step once per version, before the tools: recorded, and logged.
             steps = node.state_dir / "steps" / "memory"
-            assert sorted(p.name for p in steps.iterdir()) == ["migrate@0.1.0.json", "migrate@0.2.0.json"]
-            assert "schema 0 -> 2" in node.log() and "is at schema 2 already" in node.log()
+            assert sorted(p.name for p in steps.iterdir()) == ["migrate@0.2.0.json", "migrate@0.3.0.json"]
+            assert "schema 0 -> 3" in node.log() and "is at schema 3 already" in node.log()
             assert (await wait_state(nc, node.name, "memory/tools", "ready"))["pid"] != pid  # a new child
             assert await seen_by(bus, query="postgres") == {"alice": [shared], "bob": [shared]}
             assert await seen_by(bus, scope="private") == {"alice": [secret], "bob": []}
         finally:
+            await nc.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        node.kill()
+
+
+def released_module(out: Path) -> Path:
+    """bundles/memory as release 0.1.0 (schema 2, before history) left it, from this checkout's history:
+    the parent of the first commit whose schema holds schema 3."""
+    git = ["git", "-C", str(ROOT)]
+    found = subprocess.run(
+        [*git, "log", "--reverse", "--format=%H", "-S", "_schema_3", "--", "bundles/memory/src/memory/schema.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if not found:
+        pytest.fail("this checkout's git history does not hold memory 0.1.0 (a shallow clone?): fetch its history")
+    bump = found[0]
+    archive = subprocess.run([*git, "archive", f"{bump}^", "bundles/memory"], capture_output=True, check=True)
+    out.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    module = out / "bundles" / "memory"
+    assert 'version = "0.1.0"' in (module / "module.toml").read_text()
+    assert "_schema_3" not in (module / "src" / "memory" / "schema.py").read_text()
+    return module
+
+
+@pytest.mark.slow
+def test_a_store_of_release_0_1_0_upgrades_with_its_data(tmp_path: Path, bus: ConfiguredServer) -> None:
+    out = tmp_path / "out"
+    old = build_module(
+        released_module(tmp_path / "released"), out, cache_dir=toolchain_cache(), progress=lambda _: None
+    )
+    new = build_module(ROOT / "bundles" / "memory", out, cache_dir=toolchain_cache(), progress=lambda _: None)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    node = callers_node(tmp_path, bus, empty, "memory-release", init_timeout_s=20)
+
+    async def run() -> None:
+        nc = await connect_as(bus, None)
+        bob = await connect_as(bus, "bob")
+        try:
+            deliver(node, bus, old)
+            await until_version(nc, node, "0.1.0")
+            shared, secret = await seed(bus)
+            await remembered(bob, content="Postgres 16 is the system of record.", type="decision", key="db.sor")
+            deliver(node, bus, new)
+            await until_version(nc, node, "0.2.0")
+            assert "schema 2 -> 3" in node.log()  # the step, on the file release 0.1.0 wrote
+            ready = await wait_state(nc, node.name, "memory/tools", "ready")
+            assert sorted(ready["tools"]) == sorted(f"memory.{v}" for v in VERBS)
+            # The data: the same ids, the private entry still alice's alone; found by a stem now.
+            assert await seen_by(bus, query="records") == {"alice": [shared], "bob": [shared]}
+            assert await seen_by(bus, scope="private") == {"alice": [secret], "bob": []}
+            # Its history begins with it as it read (bob's upsert of 0.1.0 left no trace to import).
+            code, body = await call(nc, "mesh.seat.memory.history", {"id": shared}, timeout=20)
+            assert code == 200 and body["isError"] is False, body
+            [first] = body["structuredContent"]["versions"]
+            assert (first["action"], first["by"], first["content"]) == (
+                "import",
+                "bob/bob",
+                "Postgres 16 is the system of record.",
+            )
+            # And goes on: a change now is version 2, with the text before it.
+            await remembered(bob, content="Postgres 17 is the system of record.", type="decision", key="db.sor")
+            code, body = await call(nc, "mesh.seat.memory.history", {"id": shared}, timeout=20)
+            latest = body["structuredContent"]["versions"][0]
+            assert (latest["version"], latest["before"]) == (2, "Postgres 16 is the system of record.")
+        finally:
+            await bob.close()
             await nc.close()
 
     try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .model import GLOBAL, MAX_DESCRIPTION, MAX_NAME, PRIVATE, Refused, Writer, check_slug, check_text
+from .model import GLOBAL, PRIVATE, Refused, Writer, check_description, check_name, check_slug
 
 CONFIG_FILE = "memory.toml"
 # Who may manage scopes when nothing is configured: the mesh's own operators (calls from the
@@ -59,8 +59,8 @@ def _project(raw: Any, where: str) -> Project:
         slug = check_slug(raw.get("slug"), "project slug")
         if slug in (GLOBAL, PRIVATE):
             raise Refused(f"{slug!r} is not a project's slug: global and private scopes always exist")
-        name = check_text(raw.get("name", slug), "name", MAX_NAME, required=True)
-        description = check_text(raw.get("description"), "description", MAX_DESCRIPTION, required=False)
+        name = check_name(raw.get("name", slug))
+        description = check_description(raw.get("description"))
     except Refused as e:
         raise ConfigError(f"{where}: {e}") from None
     return Project(slug, name, description)
