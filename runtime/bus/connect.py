@@ -195,3 +195,15 @@ async def connect(cfg: NatsConfig, name: str, *, quiet: bool = False) -> Client:
     cap_socket_reads(nc)
     back()
     return nc
+
+
+async def settle(nc: Client) -> None:
+    """Return once every command written on `nc` so far has reached the server and been processed.
+
+    nats-py's `flush()` writes its PING straight to the socket, ahead of commands still waiting
+    in its own buffer (nats-py 2.x `Client._send_ping`), so one flush can come back before a SUB
+    made just before it is processed (seen: a node said it served, and a call from another
+    connection met "no responders"). The first flush moves the buffer to the socket; the second
+    one's PING follows it."""
+    await nc.flush()
+    await nc.flush()

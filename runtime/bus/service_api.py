@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.nuid import NUID
 
+from runtime.bus.connect import settle
 from runtime.wire.subjects import SERVICE_NAME, SERVICE_VERBS, SERVICE_VERSION, service_subject, service_subjects
 
 log = logging.getLogger("mesh.service")
@@ -181,7 +182,7 @@ class ServiceApi:
         self._groups[subject] = await self.nc.subscribe(subject, queue=self.queue_group, cb=self._on_request)
         # Once the server has it: whoever is told "served" next (status, a change notice) may call at
         # once, from another connection, and must not meet "no responders" (seen in tests/node).
-        await self.nc.flush()
+        await settle(self.nc)
 
     async def unserve(self, subject: str) -> None:
         """Stop taking requests on `subject`; the ones already delivered are still handled."""

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from launcher.bundle import BundleRunner
+from runtime.bus.connect import settle
 from runtime.calls.dispatch import Dispatcher
 from runtime.hosting.services import Hosted
 from runtime.node.modules import ModuleHost
@@ -37,6 +38,7 @@ class Control:
     async def start(self) -> None:
         for verb, handler in ((STATUS, self._on_status), (RESTART, self._on_restart), (SEAT_MOVE, self._on_move)):
             self._subs.append(await self.nc.subscribe(node_subject(self.node, verb), cb=handler))
+        await settle(self.nc)  # asked the moment the node says it serves
 
     async def stop(self) -> None:
         subs, self._subs = self._subs, []

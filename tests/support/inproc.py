@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class AccountsServer:
         ports.mkdir(exist_ok=True)
         log = open(self.workdir / "server.log", "ab")
         argv = [nats_server_binary(), "-c", str(conf), "--ports_file_dir", str(ports)]
+        if os.environ.get("MESH_TEST_NATS_TRACE"):
+            argv += ["-DV", "-l", str(self.workdir / "server.log")]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 10
         found = ports / f"{Path(argv[0]).name}_{self.proc.pid}.ports"
