@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -157,6 +158,20 @@ def _placeholders(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
+def _wal(db: sqlite3.Connection, tries: int = 50) -> None:
+    """WAL mode, also when other processes open the same new file at the same moment: the switch
+    takes a lock SQLite's busy handler does not wait for (seen: "database is locked" from one of four
+    openers at once), so it is tried again a few times."""
+    for attempt in range(tries):
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == tries - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+
+
 class Store:
     def __init__(self, data_dir: Path, config: Config) -> None:
         self.config = config
@@ -167,13 +182,9 @@ class Store:
         self.db.row_factory = sqlite3.Row
         # WAL + NORMAL: a committed call survives the process being killed (not a power cut).
         # secure_delete: the pages a purge frees are overwritten, not left holding the secret.
-        for pragma in (
-            "journal_mode = WAL",
-            "synchronous = NORMAL",
-            "foreign_keys = ON",
-            "busy_timeout = 5000",
-            "secure_delete = ON",
-        ):
+        self.db.execute("PRAGMA busy_timeout = 5000")
+        _wal(self.db)
+        for pragma in ("synchronous = NORMAL", "foreign_keys = ON", "secure_delete = ON"):
             self.db.execute(f"PRAGMA {pragma}")
         migrate(self.db)
         with self._tx():
