@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything a node, the toolchains and the tests need, on a fresh Debian machine with
 # Python 3.11, Go, Rust, Node.js and gcc: the project's virtual environment (.venv) with the
-# runtime, meshctl, nats-server and the Python SDK; each language's packages fetched ahead.
+# runtime, meshctl, nats-server and the Python SDK; each language's packages fetched ahead;
+# Litestream (replicated seats) built into .venv/bin.
 # Idempotent: a second run only checks.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,7 +35,7 @@ python -m pip install --disable-pip-version-check --quiet --upgrade pip
 python -m pip install --disable-pip-version-check --quiet -e '.[test]'
 bash scripts/setup-python.sh
 
-for lang in c go rust typescript systemd imports; do
+for lang in c go rust typescript systemd imports litestream; do
   script="scripts/setup-$lang.sh"
   if [ -f "$script" ]; then
     echo "setup: $lang"
