@@ -17,7 +17,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from launcher.bundle import STARTING_STATES, BundleRunner, Pending
+from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleOverloaded, BundleUnavailable, CallTimedOut, ChildError, LauncherError
 from runtime.calls.desk import CallDesk, OpenCall, call_meta
 from runtime.calls.identity import CallerStamp
@@ -115,8 +115,11 @@ class Dispatcher:
         if route is None:
             for bundle in self.table.starting(msg.subject):
                 deadline, timeout_ms = self.limits(arrived, bundle, call)
-                await bundle.settle(deadline)
-                if bundle.state in STARTING_STATES:  # settle returned at the deadline: still starting
+                try:
+                    settled = await bundle.settle(deadline)
+                except BundleUnavailable as e:  # the start it waited for failed
+                    raise self.table.why_not(msg.subject, down=e) from None
+                if not settled:  # the deadline came first: still starting
                     late = bundle.start_timed_out(msg.subject, timeout_ms)
                     raise TimedOut(msg.subject, late, _whose(late, bundle))
             route = self.table.resolve(msg.subject)
