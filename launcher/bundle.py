@@ -142,6 +142,14 @@ class BundleRunner(Supervised):
             return None
         return self._write_call(session, tool_json, arguments, deadline, meta, timeout_ms)
 
+    def overloaded(self, size: int) -> BundleOverloaded | None:
+        """Whether a call of `size` bytes of arguments would be refused at once: ready, every slot
+        taken and no room to wait. Asked before its arguments are read: a flood costs little."""
+        slots = self._slots
+        if self.state != "ready" or (slots.used < slots.size and not slots.waiting) or slots.room_to_wait(size):
+            return None
+        return BundleOverloaded(self.key, slots.used, slots.size, slots.waiting, slots.max_waiting_bytes)
+
     async def begin_when_ready(
         self, tool_json: bytes, arguments: bytes, deadline: float, meta: bytes = b"", timeout_ms: int = 0
     ) -> Pending:

@@ -98,6 +98,9 @@ class Dispatcher:
         self, route: Route, subject: str, data: bytes, meta: bytes, arrived: float, call: OpenCall | None
     ) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
+        full = route.bundle.overloaded(len(data) or len(_EMPTY))
+        if full is not None:  # refused before its body is read: under a flood, each costs little
+            raise wire_error(route, full, self.node)
         checked = _checked(route, subject, data)
         deadline, timeout_ms = self.limits(arrived, route.bundle, call)
         try:
