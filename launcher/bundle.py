@@ -232,7 +232,8 @@ class BundleRunner(Supervised):
         return True
 
     async def _wait_ready(self, deadline: float, tool_json: bytes, timeout_ms: int = 0) -> Session:
-        # Any state but a start is down: answered at once. A start past the deadline is a 504.
+        # Any state but a start is down: answered at once. A start past the deadline is a 504; a
+        # start that failed is settle's 503.
         if not await self.settle(deadline):
             raise self.start_timed_out(tool_json.decode(), timeout_ms)
         if self.state == "ready" and self._session is not None:

@@ -44,6 +44,9 @@ _encode = msgspec.json.encode
 PENDING_MSGS = 4096
 PENDING_BYTES = 64 * 1024 * 1024
 
+# A lane's errors that are its drop or an outage: said once by its disconnect callback instead.
+_DROPS = (OSError, asyncio.TimeoutError, UnexpectedEOF)
+
 # A connection of its own for one group's requests: (label, error callback) -> a connected client.
 ErrorCallback = Callable[[Exception], Awaitable[None]]
 LaneFactory = Callable[[str, ErrorCallback], Awaitable[Client]]
@@ -256,9 +259,7 @@ class ServiceApi:
         async def on_error(e: Exception) -> None:
             if isinstance(e, SlowConsumerError):
                 await self._refuse(subject, e)
-            elif not isinstance(
-                e, (OSError, asyncio.TimeoutError, UnexpectedEOF)
-            ):  # a drop: said by the lane's own callback
+            elif not isinstance(e, _DROPS):
                 log.warning("bus, lane of %s: %s", subject, e)
 
         return on_error
