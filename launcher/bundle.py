@@ -142,6 +142,14 @@ class BundleRunner(Supervised):
             return None
         return self._write_call(session, tool_json, arguments, deadline, meta, timeout_ms)
 
+    def overloaded(self, size: int) -> BundleOverloaded | None:
+        """Whether a call of `size` bytes of arguments would be refused at once: ready, every slot
+        taken and no room to wait. Asked before its arguments are read: a flood costs little."""
+        slots = self._slots
+        if self.state != "ready" or (slots.used < slots.size and not slots.waiting) or slots.room_to_wait(size):
+            return None
+        return BundleOverloaded(self.key, slots.used, slots.size, slots.waiting, slots.max_waiting_bytes)
+
     async def begin_when_ready(
         self, tool_json: bytes, arguments: bytes, deadline: float, meta: bytes = b"", timeout_ms: int = 0
     ) -> Pending:
@@ -198,27 +206,44 @@ class BundleRunner(Supervised):
         finally:
             self._slots.release()
 
-    async def settle(self, deadline: float) -> None:
-        """Wait while a start is in progress (until `deadline`, loop clock): a start is ridden over."""
+    async def settle(self, deadline: float) -> bool:
+        """Wait while a start is in progress (until `deadline`, loop clock): a start is ridden over.
+
+        One start, not the restarts after it: the one in progress, or the next one when the child
+        is being restarted (`restarting`) or the last start has just failed. True when that start is
+        over (ready, or the bundle is down), False when the deadline came first; BundleUnavailable
+        (`start_failed`) at once when that start failed, whatever comes after it.
+        """
         loop = asyncio.get_running_loop()
-        while self.state in STARTING_STATES:
+        waits_for = self.starts
+        if self.state == "restarting" or self.failed_start == self.starts:
+            waits_for += 1  # the start that comes next
+        while self.state in STARTING_STATES and self.failed_start < waits_for:
             changed = self._changed
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return
+                return False
             try:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
-                return
+                return False
+        if self.failed_start >= waits_for:
+            raise self.start_failed()
+        return True
 
     async def _wait_ready(self, deadline: float, tool_json: bytes, timeout_ms: int = 0) -> Session:
-        # Any state but a start is down: answered at once. A start past the deadline is a 504.
-        await self.settle(deadline)
+        # Any state but a start is down: answered at once. A start past the deadline is a 504; a
+        # start that failed is settle's 503.
+        if not await self.settle(deadline):
+            raise self.start_timed_out(tool_json.decode(), timeout_ms)
         if self.state == "ready" and self._session is not None:
             return self._session
-        if self.state in STARTING_STATES:
-            raise self.start_timed_out(tool_json.decode(), timeout_ms)
         raise self.unavailable()
+
+    def start_failed(self) -> BundleUnavailable:
+        """The 503 of a call that waited for a start that did not come up."""
+        why = self.start_failure or "it did not come up"
+        return self.unavailable(f"its start failed: {why}; the node starts it again on its own")
 
     def start_timed_out(self, what: str, timeout_ms: int = 0) -> CallTimedOut:
         return CallTimedOut(self.key, what, timeout_ms or self.spec.timeout_ms, WAITED_FOR_START)
@@ -282,6 +307,7 @@ class BundleRunner(Supervised):
                 except (CallTimedOut, ProtocolError, ChildError, SessionClosed) as e:
                     self.last_error = f"did not complete the MCP handshake: {_reason(e)}"
                     log.error("bundle %s %s", self.key, self.last_error)
+                    self._start_failed()  # the calls waiting for this start learn now, not after the next one
                     tg.cancel_scope.cancel()
                     return None
                 self._session = session
@@ -378,7 +404,7 @@ class BundleRunner(Supervised):
 
 def _reason(e: Exception) -> str:
     if isinstance(e, CallTimedOut):
-        return f"no answer to {e.what} within {e.timeout_ms} ms"
+        return f"no answer to {e.what} within {e.timeout_ms} ms ([health] init_timeout_s)"
     if isinstance(e, (ProtocolError, SessionClosed)):
         return e.reason
     if isinstance(e, BundleUnavailable):

@@ -85,6 +85,11 @@ class Supervised:
         self._stdin_limit: int | None = None
         self._child_spec: ChildSpec | None = None if prepare else child
         self.finished = asyncio.Event()  # run() has ended: its child is gone
+        # Starts begun (one per spawn), and the last of them that ended without coming up: a call
+        # waits for one start, not for the restarts after it (launcher/bundle.py, settle).
+        self.starts = 0
+        self.failed_start = 0
+        self.start_failure = ""  # why that start did not come up
 
     async def _run_once(self) -> float | None:
         """Start the child once and supervise it until it ends or a stop or reset wakes us;
@@ -118,6 +123,16 @@ class Supervised:
     def _state_changed(self) -> None:
         """Called after every state change; a subclass tells whoever watches (the node's change notice)."""
 
+    def _start_failed(self) -> None:
+        """The start in progress ended without the child coming up: whoever waits for it learns now,
+        before the child is stopped and the next start is decided (at most once per start)."""
+        if self.failed_start == self.starts:
+            return
+        self.failed_start = self.starts
+        self.start_failure = self.last_error or self.last_exit or ""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     async def run(self) -> None:
         """Supervise until stop(); never raises for anything a child does."""
         loop = asyncio.get_running_loop()
@@ -129,6 +144,8 @@ class Supervised:
                 up_since = await self._run_once()
                 if self._stopping:
                     break
+                if up_since is None and not self._restart_requested:
+                    self._start_failed()  # e.g. the child exited during its handshake
                 if self._restart_requested:
                     self._restart_requested = False
                     self.restarts += 1
@@ -203,6 +220,7 @@ class Supervised:
     # --- one child ------------------------------------------------------------------------
     async def _spawn(self, on_stdout: Callable[[bytes], None]) -> ChildProcess | None:
         """Start the child (registered with the reaper); None, with the reason kept, when it cannot."""
+        self.starts += 1
         self._set_state("starting")
         assert self._child_spec is not None
         self._child_spec = child_spec = self._here(self._child_spec)

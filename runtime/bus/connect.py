@@ -6,7 +6,7 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
@@ -207,3 +207,32 @@ async def settle(nc: Client) -> None:
     one's PING follows it."""
     await nc.flush()
     await nc.flush()
+
+
+async def connect_lane(cfg: NatsConfig, name: str, on_error: Callable[[Exception], Awaitable[None]]) -> Client:
+    """A connection of the node's own for one group of its requests (runtime/bus/service_api.py):
+    the node's options, reconnecting for ever; one try to connect now (the node's own connection is
+    up), its failure raised. Its drops are logged as the lane's, its other errors go to `on_error`."""
+
+    async def disconnected() -> None:
+        if not nc.is_closed:
+            log.warning("bus: the connection of %s was dropped; reconnecting", name)
+
+    async def reconnected() -> None:
+        cap_socket_reads(nc)
+        log.warning("bus: %s reconnected", name)
+
+    nc = Client()
+    await nc.connect(
+        **connect_options(cfg, name, persistent=False),  # a few tries, not for ever: a serve() must end
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=on_error,
+    )
+    # Connected: from now on it reconnects as the node's own connection does (nats-py reads these
+    # options at each reconnect).
+    persistent = connect_options(cfg, name)
+    nc.options["max_reconnect_attempts"] = persistent["max_reconnect_attempts"]
+    nc.options["reconnect_time_wait"] = persistent["reconnect_time_wait"]
+    cap_socket_reads(nc)
+    return nc

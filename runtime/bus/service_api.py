@@ -5,13 +5,24 @@ tools come and go with their bundles without a resubscription (a module's tools 
 subscription, `mesh.tool.<module>.>`, a held seat's verbs another), and requests are handled
 concurrently (one task each, owned by the dispatcher). nats-py's `micro` can do neither, so the
 node answers the (small) Service API protocol itself; `nats micro ls/info/stats` see every node.
+
+Each group's requests arrive on a connection of their own (a lane), while the answers, the
+Service API verbs and everything else of the node go on its own connection. The server gives a
+connection that reads too slowly `max_pending` bytes (64 MB by default) and then drops it (a
+slow consumer); no client reads as fast as any producer can write, so a flood of requests at one
+module can cost a connection. With lanes it costs that module's lane only (it reconnects on its
+own, its calls already taken are still answered); the node's connection, every other module's
+requests and the calls in flight on them are not touched. What a lane has read and its node
+cannot queue (`PENDING_MSGS`, `PENDING_BYTES`) is answered 503 at once, not dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import datetime as dt
 import logging
+import time
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import anyio
@@ -19,14 +30,28 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import SlowConsumerError, UnexpectedEOF
 from nats.nuid import NUID
 
 from runtime.bus.connect import settle
+from runtime.wire.errors import IntakeFull, render
 from runtime.wire.subjects import SERVICE_NAME, SERVICE_VERBS, SERVICE_VERSION, service_subject, service_subjects
 
 log = logging.getLogger("mesh.service")
 
 _encode = msgspec.json.encode
+
+# The requests one group's subscription holds, read and not yet taken by the dispatcher (which
+# takes each at once, in the subscription's callback: these fill only while the node's loop lags).
+PENDING_MSGS = 4096
+PENDING_BYTES = 64 * 1024 * 1024
+
+# A lane's errors that are its drop or an outage: said once by its disconnect callback instead.
+_DROPS = (OSError, asyncio.TimeoutError, UnexpectedEOF)
+
+# A connection of its own for one group's requests: (label, error callback) -> a connected client.
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+LaneFactory = Callable[[str, ErrorCallback], Awaitable[Client]]
 
 
 # Upper bounds of the call duration histogram, in seconds: a node answers in well under a
@@ -77,6 +102,17 @@ class Endpoint(Protocol):
 Handler = Callable[[Msg], None]
 
 
+class _Group:
+    """One group's subscription and the connection it takes requests on (its lane, or the node's)."""
+
+    __slots__ = ("sub", "nc", "refused", "said_at")
+
+    def __init__(self, sub: Subscription, nc: Client) -> None:
+        self.sub, self.nc = sub, nc
+        self.refused = 0  # requests answered 503 because its pending bound was full
+        self.said_at = 0.0  # when the log last said so
+
+
 class ServiceApi:
     """Answers `$SRV.PING/INFO/STATS` for one node and owns the subscriptions its requests come on.
 
@@ -94,8 +130,10 @@ class ServiceApi:
         endpoints: Callable[[], Iterable[Endpoint]],
         metadata: Callable[[], dict[str, str]],
         description: str = "mesh node tool runtime",
+        lane: LaneFactory | None = None,
     ) -> None:
         self.nc = nc
+        self._lane = lane  # None: every group on `nc` (a test's service, or lanes turned off)
         self.node = node
         self.queue_group = queue_group
         self.id = NUID().next().decode()
@@ -104,7 +142,8 @@ class ServiceApi:
         self._endpoints = endpoints
         self._metadata = metadata
         self._verbs: list[Subscription] = []
-        self._groups: dict[str, Subscription] = {}
+        self._groups: dict[str, _Group] = {}
+        self._changing = asyncio.Lock()  # serve/unserve of a group: one lane per group, never two
         self.started = dt.datetime.now(dt.UTC)
 
     # --- the Service API's own verbs ---------------------------------------------------------
@@ -127,6 +166,9 @@ class ServiceApi:
                 await sub.unsubscribe()
             except Exception:  # the connection may already be closed; nothing to undo then
                 pass
+        groups, self._groups = list(self._groups.values()), {}
+        for group in groups:  # left by a drain that failed: their lanes end with the service
+            await self._close_lane(group)
 
     def _identity(self, kind: str) -> dict[str, Any]:
         return {
@@ -176,22 +218,93 @@ class ServiceApi:
 
     # --- groups: the subscriptions requests arrive on -----------------------------------------
     async def serve(self, subject: str) -> None:
-        """Take requests on `subject` (a wildcard of endpoints); serving it already is nothing new."""
-        if subject in self._groups:
-            return
-        self._groups[subject] = await self.nc.subscribe(subject, queue=self.queue_group, cb=self._on_request)
-        # Once the server has it: whoever is told "served" next (status, a change notice) may call at
-        # once, from another connection, and must not meet "no responders" (seen in tests/node).
-        await settle(self.nc)
+        """Take requests on `subject` (a wildcard of endpoints); serving it already is nothing new.
+
+        On a lane of its own when the service has a lane factory (the node's connection when the
+        lane cannot connect, said in a WARNING); subscribed at the server when this returns.
+        """
+        async with self._changing:
+            if subject in self._groups:
+                return
+            nc = self.nc
+            if self._lane is not None:
+                try:
+                    nc = await self._lane(subject, self._lane_error(subject))
+                except Exception as e:  # the bus went away meanwhile: serve it as before lanes
+                    log.warning(
+                        "requests on %s come on the node's own connection: no lane of their own (%s)", subject, e
+                    )
+                    nc = self.nc
+            try:
+                sub = await nc.subscribe(
+                    subject,
+                    queue=self.queue_group,
+                    cb=self._on_request,
+                    pending_msgs_limit=PENDING_MSGS,
+                    pending_bytes_limit=PENDING_BYTES,
+                )
+                # On the server before anyone is told it serves: a call from another connection
+                # must not meet "no responders" (settle: nats-py's flush alone can overtake the SUB).
+                await settle(nc)
+            except BaseException:
+                if nc is not self.nc:
+                    await _close_quietly(nc)
+                raise
+            self._groups[subject] = _Group(sub, nc)
 
     async def unserve(self, subject: str) -> None:
         """Stop taking requests on `subject`; the ones already delivered are still handled."""
-        sub = self._groups.pop(subject, None)
-        if sub is not None:
-            await sub.drain()
+        async with self._changing:
+            group = self._groups.pop(subject, None)
+            if group is not None:
+                try:
+                    await group.sub.drain()
+                finally:
+                    await self._close_lane(group)
 
     def serving(self) -> list[str]:
         return list(self._groups)
+
+    def lanes(self) -> dict[str, int | None]:
+        """Each group's lane: the server's client id of the connection its requests come on."""
+        return {subject: group.nc.client_id for subject, group in self._groups.items()}
+
+    async def _close_lane(self, group: _Group) -> None:
+        if group.nc is not self.nc:
+            await _close_quietly(group.nc)
+
+    def _lane_error(self, subject: str) -> ErrorCallback:
+        async def on_error(e: Exception) -> None:
+            if isinstance(e, SlowConsumerError):
+                await self._refuse(subject, e)
+            elif not isinstance(e, _DROPS):
+                log.warning("bus, lane of %s: %s", subject, e)
+
+        return on_error
+
+    async def _refuse(self, subject: str, e: SlowConsumerError) -> None:
+        """A request read while the group's pending bound is full: answered 503 at once, not dropped."""
+        group = self._groups.get(subject)
+        if group is not None:
+            group.refused += 1
+            now = time.monotonic()
+            if now - group.said_at >= 1.0:  # once a second at most: a flood is not a flood of lines
+                group.said_at = now
+                log.warning(
+                    "requests on %s come faster than node %s takes them: %d answered 503 so far (%d requests "
+                    "or %d bytes waiting at most)",
+                    subject,
+                    self.node,
+                    group.refused,
+                    PENDING_MSGS,
+                    PENDING_BYTES,
+                )
+        if e.reply:
+            data, headers = render(IntakeFull(e.subject, self.node, PENDING_MSGS, PENDING_BYTES))
+            try:
+                await self.nc.publish(e.reply, data, headers=headers)
+            except Exception as failed:  # the bus is gone: nothing else to do
+                log.debug("could not refuse %s: %s", e.subject, failed)
 
     async def _on_request(self, msg: Msg) -> None:
         self._handler(msg)  # the dispatcher takes it at once; each call is a task of its own
@@ -203,6 +316,13 @@ class ServiceApi:
                 await self.unserve(subject)
             except Exception as e:  # a broken connection cannot drain; the calls it held are gone with it
                 log.warning("could not drain %s: %s", subject, e)
+
+
+async def _close_quietly(nc: Client) -> None:
+    try:
+        await nc.close()
+    except Exception:  # already closed, or the bus is gone: nothing is left to close
+        pass
 
 
 async def collect_infos(nc: Client, wait: float) -> list[dict[str, Any]]:

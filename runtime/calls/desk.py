@@ -1,8 +1,8 @@
 """The node's side of the bus call protocol: calls that carry Mesh-* headers (docs/bus.md).
 
 A plain request (no header) never reaches this module. For the others the desk keeps, per call
-in flight: its id and caller's account (for mesh.cancel.<id>), its deadline, and its progress
-forwarder. Cancels arrive on one subscription per node (`mesh.cancel.*`, no queue group: the
+in flight: its id and caller's account (for mesh.cancel.<id>; an id is its account's own: two
+accounts may use the same one at once), its deadline, and its progress forwarder. Cancels arrive on one subscription per node (`mesh.cancel.*`, no queue group: the
 caller does not know which node serves its call); a node that does not have the call remembers
 the id a short while, in case the cancel overtook its request.
 """
@@ -194,10 +194,13 @@ class CallDesk:
         self.nc = nc
         self.settings = settings
         self.objects = ObjectHandoff(nc, settings.object_bucket, settings.object_ttl_s, settings.object_cap_bytes)
-        self.open_calls: dict[str, OpenCall] = {}
+        # Mesh-Call-Id -> the caller's account -> its call: ids are each account's own, so one
+        # caller's id (leaked, or chosen badly) never refuses or cancels another's call.
+        self.open_calls: dict[str, dict[str | None, OpenCall]] = {}
         self._by_token: dict[int, OpenCall] = {}
         self._next_token = 0
-        self._early: collections.OrderedDict[str, tuple[str | None, float]] = collections.OrderedDict()
+        # (account, id) of cancels that came before their request, and when.
+        self._early: collections.OrderedDict[tuple[str | None, str], float] = collections.OrderedDict()
         self._subs: list[Subscription] = []
         self.cancels_honoured = 0
         self.progress_frames = 0  # progress frames published to callers
@@ -223,20 +226,23 @@ class CallDesk:
         if options is None:
             return None
         call = OpenCall(options)
-        if options.call_id is not None:
-            if options.call_id in self.open_calls:
+        call_id, account = options.call_id, options.account
+        if call_id is not None:
+            same_id = self.open_calls.get(call_id)
+            if same_id is not None and account in same_id:
                 raise BadRequest(
                     msg.subject,
-                    f"a call with Mesh-Call-Id {options.call_id} is already in flight; "
-                    "give every call its own random id",
+                    f"a call with Mesh-Call-Id {call_id} is already in flight; give every call its own random id",
                     field="header Mesh-Call-Id",
                 )
-            early = self._early.pop(options.call_id, None)
-            if early is not None and early[0] == options.account and time.monotonic() - early[1] < EARLY_CANCEL_S:
+            early = self._early.pop((account, call_id), None)
+            if early is not None and time.monotonic() - early < EARLY_CANCEL_S:
                 call.cancelled = True  # its cancel came first: never sent to the child
                 self.cancels_honoured += 1
                 return call
-            self.open_calls[options.call_id] = call
+            if same_id is None:
+                same_id = self.open_calls[call_id] = {}
+            same_id[account] = call
         if options.progress and msg.reply:
             self._next_token += 1
             call.token = self._next_token
@@ -245,8 +251,12 @@ class CallDesk:
         return call
 
     def close(self, call: OpenCall) -> None:
-        if call.options.call_id is not None and self.open_calls.get(call.options.call_id) is call:
-            del self.open_calls[call.options.call_id]
+        call_id, account = call.options.call_id, call.options.account
+        same_id = self.open_calls.get(call_id) if call_id is not None else None
+        if call_id is not None and same_id is not None and same_id.get(account) is call:
+            del same_id[account]
+            if not same_id:
+                del self.open_calls[call_id]
         if call.token:
             self._by_token.pop(call.token, None)
 
@@ -260,26 +270,27 @@ class CallDesk:
         except ValueError:
             self.cancels_ignored += 1
             return
-        call = self.open_calls.get(call_id)
+        same_id = self.open_calls.get(call_id)
+        call = same_id.get(account) if same_id is not None else None
         if call is None:
-            self._remember_early(call_id, account)
-            return
-        if call.options.account != account:
-            self.cancels_ignored += 1
-            log.warning(
-                "ignored a cancel of call %s from account %s: the call is account %s's",
-                call_id,
-                account or "(mesh)",
-                call.options.account or "(mesh)",
-            )
+            self._remember_early(call_id, account)  # its own call with that id may still come
+            if same_id:
+                self.cancels_ignored += 1
+                log.warning(
+                    "ignored a cancel of call %s from account %s: the call in flight under that id is account %s's",
+                    call_id,
+                    account or "(mesh)",
+                    ", ".join(sorted(a or "(mesh)" for a in same_id)),
+                )
             return
         self.cancels_honoured += 1
         call.cancel(_reason(msg.data))
 
     def _remember_early(self, call_id: str, account: str | None) -> None:
         # Also every cancel for a call served by another node, or already answered: bounded, short-lived.
-        self._early[call_id] = (account, time.monotonic())
-        self._early.move_to_end(call_id)
+        key = (account, call_id)
+        self._early[key] = time.monotonic()
+        self._early.move_to_end(key)
         while len(self._early) > EARLY_CANCELS:
             self._early.popitem(last=False)
 
@@ -297,7 +308,7 @@ class CallDesk:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "open": len(self.open_calls),
+            "open": sum(len(same_id) for same_id in self.open_calls.values()),
             "cancels_honoured": self.cancels_honoured,
             "cancels_ignored": self.cancels_ignored,
         }

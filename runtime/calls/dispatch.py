@@ -18,7 +18,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from launcher.bundle import STARTING_STATES, BundleRunner, Pending
+from launcher.bundle import BundleRunner, Pending
 from launcher.errors import BundleOverloaded, BundleUnavailable, CallTimedOut, ChildError, LauncherError
 from runtime.bus.service_api import EndpointStats
 from runtime.calls.desk import CallDesk, OpenCall, call_meta
@@ -150,7 +150,11 @@ class Dispatcher:
     # --- 2. admit -------------------------------------------------------------------------------
     def _admit(self, route: Route, a: Arrival) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
-        checked = _checked(route, a.msg.subject, a.msg.data)
+        data = a.msg.data
+        full = route.bundle.overloaded(len(data) or len(_EMPTY))
+        if full is not None:  # refused before its body is read: under a flood, each costs little
+            raise wire_error(route, full, self.node)
+        checked = _checked(route, a.msg.subject, data)
         deadline, timeout_ms = self.limits(a.arrived, route.bundle, a.call)
         try:
             return route.bundle.begin(route.tool_json, checked, deadline, self._meta(a), timeout_ms)
@@ -168,8 +172,11 @@ class Dispatcher:
                 if a.span is not None:
                     a.span.waiting("start")
                 deadline, timeout_ms = self.limits(a.arrived, bundle, call)
-                await bundle.settle(deadline)
-                if bundle.state in STARTING_STATES:  # settle returned at the deadline: still starting
+                try:
+                    settled = await bundle.settle(deadline)
+                except BundleUnavailable as e:  # the start it waited for failed
+                    raise self.table.why_not(msg.subject, down=e) from None
+                if not settled:  # the deadline came first: still starting
                     late = bundle.start_timed_out(msg.subject, timeout_ms)
                     raise TimedOut(msg.subject, late, _whose(late, bundle))
             route = self.table.resolve(msg.subject)

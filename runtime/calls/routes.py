@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from launcher.bundle import STARTING_STATES, BundleRunner
+from launcher.errors import BundleUnavailable
 from launcher.session import Tool
 from runtime.bus.service_api import EndpointStats
 from runtime.calls.schema import compile_schema
@@ -151,8 +152,9 @@ class RouteTable:
         entry = self.modules.get(module) if module else None
         return [b for b in entry.bundles if b.state in STARTING_STATES] if entry else []
 
-    def why_not(self, subject: str) -> Exception:
-        """404 when nothing here could serve it; 503 when the bundle that might is down."""
+    def why_not(self, subject: str, down: BundleUnavailable | None = None) -> Exception:
+        """404 when nothing here could serve it; 503 when the bundle that might is down (`down`: why,
+        when the caller knows better than the bundle's state, e.g. the start it waited for failed)."""
         if subject.startswith(TOOL_PREFIX):
             module, _, tool = subject[len(TOOL_PREFIX) :].partition(".")
             entry = self.modules.get(module)
@@ -168,6 +170,8 @@ class RouteTable:
             what, family, tool = f"seat {seat} has no verb {verb!r} (held by module {holder})", holder, f"{seat}.{verb}"
         else:
             return NoSuchTool(subject, "not a mesh subject (mesh.tool.<module>.<tool> or mesh.seat.<seat>.<verb>)", [])
+        if down is not None:
+            return Unavailable(tool, family, down, self.node)
         for bundle in entry.bundles:
             if bundle.state != "ready":
                 return Unavailable(tool, family, bundle.unavailable(), self.node)

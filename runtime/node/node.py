@@ -26,7 +26,7 @@ from nats.aio.client import Client
 from launcher.process import use_pidfd_child_watcher
 from launcher.reaper import Reaper, kill_marked
 from runtime.bus.accounts import EmbeddedAccounts
-from runtime.bus.connect import BusError, connect, redact
+from runtime.bus.connect import BusError, connect, connect_lane, redact
 from runtime.bus.embedded import EmbeddedServer
 from runtime.bus.info import BusInfo, write_bus_info
 from runtime.bus.service_api import ServiceApi
@@ -217,7 +217,7 @@ class Node:
                         password_file=str(accounts.mesh_password_file) if accounts else None,
                     )
                     write_bus_info(self.state_dir, info)  # without credentials, 0600
-                    await self._serve_bus(nc, modules, placements)
+                    await self._serve_bus(nc, nats_cfg, modules, placements)
             finally:
                 with anyio.CancelScope(shield=True):
                     await modules.stop_all()
@@ -226,7 +226,7 @@ class Node:
         if self.serving is not None:
             await self.serving.close()
 
-    def _serving(self, nc: Client, modules: ModuleHost) -> Serving:
+    def _serving(self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost) -> Serving:
         desk = CallDesk(nc, self.config.calls)
         identity = self.config.identity
         stamp = CallerStamp(local_caller(identity.local), frozenset(identity.mcp_faces))
@@ -239,13 +239,18 @@ class Node:
             handler=dispatcher.start,
             endpoints=lambda: modules.table.routes.values(),
             metadata=lambda: {"node": self.name, "seats": ",".join(modules.seats.held())},
+            # Each module's and seat's requests on a connection of their own: a flood at one of
+            # them can cost the bus connection of that one only (runtime/bus/service_api.py).
+            lane=lambda subject, on_error: connect_lane(nats_cfg, f"mesh-node:{self.name}:{subject}", on_error),
         )
         notice = ChangeNotice(nc, self.name, service.id)
         control = Control(nc, self.name, self.url, modules, dispatcher)
         return Serving(nc, desk, dispatcher, service, notice, control)
 
-    async def _serve_bus(self, nc: Client, modules: ModuleHost, placements: list[Placement]) -> None:
-        serving = self.serving = self._serving(nc, modules)
+    async def _serve_bus(
+        self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, placements: list[Placement]
+    ) -> None:
+        serving = self.serving = self._serving(nc, nats_cfg, modules)
         async with anyio.create_task_group() as watchers_tg:
             await serving.service.start()
             watchers_tg.start_soon(serving.notice.run)

@@ -192,6 +192,29 @@ class Overloaded(NodeError):
         }
 
 
+class IntakeFull(NodeError):
+    """A request read while the node's queue of its subject's requests was full: refused at once."""
+
+    code, kind = 503, "overloaded"
+
+    def __init__(self, subject: str, node: str, max_msgs: int, max_bytes: int) -> None:
+        self.subject, self.node, self.max_msgs, self.max_bytes = subject, node, max_msgs, max_bytes
+        super().__init__(
+            f"{subject}: node {node} is overloaded: requests come faster than it takes them and "
+            f"{max_msgs} requests or {max_bytes} bytes wait already; retry later or on another node"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "node": self.node,
+            "ways_out": [
+                "retry after a pause",
+                "serve the module on more nodes: the queue group shares the calls",
+            ],
+        }
+
+
 _WHERE_THE_TIME_WENT = {
     "start": "all of it went waiting for bundle {b} to start; the call never reached the child",
     "slot": "it waited for a free slot of bundle {b} (max_in_flight) and never reached the child",

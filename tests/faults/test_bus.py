@@ -270,3 +270,102 @@ async def test_cluster_server_killed_under_a_node_calls_go_on(tmp_path: Path, se
     again = await bundle_status(nc, a.name, "alpha/tools")
     assert again["pid"] == a_child["pid"] and again["restarts"] == 0
     await nc.close()
+
+
+def _node_connections(server: Any, node: str) -> dict[str, int]:
+    """The node's connections at the server, by name: its own, and one lane per served group."""
+    prefix = f"mesh-node:{node}"
+    return {
+        c["name"]: c["cid"]
+        for c in server.monitor("connz?limit=1024")["connections"]
+        if (c.get("name") or "").startswith(prefix)
+    }
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.slow
+async def test_a_flood_at_one_bundle_costs_no_call_of_another_and_not_the_nodes_connection(
+    tmp_path: Path, servers, node_factory
+) -> None:
+    """Issue 30 item 2: 600 calls of 900 KB at once at a bundle with max_in_flight = 1 whose slot is
+    held, while another bundle of the same node is called all along: every one of those calls is
+    answered, the node's connection to the bus and the other module's stay the same connections."""
+    server = servers("flood", jetstream=True)
+    make_module(tmp_path / "mods", "slow", timeout_ms=30000, extra_bundle="max_in_flight = 1")
+    make_module(tmp_path / "mods", "good", timeout_ms=30000)
+    node = node_factory(tmp_path / "mods", url=server.url)
+    nc = await client(server.url)
+    await wait_state(nc, node.name, "slow/tools", "ready")
+    await wait_state(nc, node.name, "good/tools", "ready")
+    before = _node_connections(server, node.name)
+    own, good_lane = f"mesh-node:{node.name}", f"mesh-node:{node.name}:mesh.tool.good.>"
+    assert own in before and good_lane in before, before
+
+    holder = asyncio.create_task(call(nc, "mesh.tool.slow.sleep", {"seconds": 6}, timeout=30))
+    await wait_for(lambda: bundle_status(nc, node.name, "slow/tools"), "the slot held", ok=lambda b: b["in_flight"])
+    flooder = await client(server.url)
+    body = b'{"pad":"' + b"x" * (900 * 1024) + b'"}'
+    done = asyncio.Event()
+    good: list[tuple[int | str, float]] = []
+    peak = [0.0]
+
+    async def call_good() -> None:
+        i = 0
+        while not done.is_set():
+            i += 1
+            began = time.monotonic()
+            try:
+                code, result = await call(nc, "mesh.tool.good.echo", {"i": i}, timeout=15)
+                ok = code == 200 and result["structuredContent"] == {"i": i}
+                good.append((code if ok else f"{code}: {result}", time.monotonic() - began))
+            except Exception as e:  # a lost call: the very thing this test is about
+                good.append((repr(e), time.monotonic() - began))
+            await asyncio.sleep(0.05)
+
+    async def watch_rss() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb(node.proc.pid))
+            await asyncio.sleep(0.05)
+
+    async def one() -> tuple[int | str, Any]:
+        try:
+            return await call(flooder, "mesh.tool.slow.mirror", raw=body, timeout=20)
+        except Exception as e:
+            return repr(e), None
+
+    watchers = [asyncio.create_task(call_good()), asyncio.create_task(watch_rss())]
+    began = time.monotonic()
+    answers = await asyncio.gather(*[one() for _ in range(600)])
+    took = time.monotonic() - began
+    done.set()
+    await asyncio.gather(*watchers)
+    assert (await holder)[0] == 200
+
+    kinds = Counter(
+        f"{code} {b['error']['kind']}" if isinstance(b, dict) and "error" in b else str(code) for code, b in answers
+    )
+    after = _node_connections(server, node.name)
+    flood_lane = f"mesh-node:{node.name}:mesh.tool.slow.>"
+    dropped = before.get(flood_lane) != after.get(flood_lane)
+    print(
+        f"600 calls of 900 KB in {took:.1f} s: {dict(kinds)}; node peak RSS {peak[0]:.0f} MB; "
+        f"{len(good)} calls to the other bundle meanwhile, slowest {max(t for _, t in good):.2f} s; "
+        f"the flooded module's lane {'was dropped by the server and came back' if dropped else 'held'}"
+    )
+    lost = [g for g in good if g[0] != 200]
+    assert good and not lost, f"{len(lost)} of {len(good)} calls to the other bundle failed: {lost[:5]}"
+    # The node's own connection and the other module's lane are the ones from before the flood.
+    assert after.get(own) == before[own] and after.get(good_lane) == before[good_lane], (before, after)
+    assert "disconnected from the bus" not in node.log()
+    if not dropped:  # the flood's lane held: every flood call was read and answered
+        assert sum(kinds[k] for k in kinds if k.startswith(("200", "503"))) == 600, kinds
+    assert kinds["503 overloaded"] >= 300, kinds
+    # The flooded module serves again (its lane back, if the server had dropped it).
+    code, _, _ = await call_retrying(nc, "mesh.tool.slow.echo", {"after": 1}, per_try=2, tries=20, pause=0.25)
+    assert code == 200
+    await flooder.close()
+    await nc.close()

@@ -391,3 +391,41 @@ async def test_a_40mb_answer_is_read_in_linear_time(tmp_path: Path, node_factory
     b = await bundle_status(nc, node.name, "alpha/tools")
     assert b["pid"] == before["pid"] and b["restarts"] == 0
     await nc.close()
+
+
+async def test_a_call_waits_for_one_start_and_its_init_timeout_fails_it_at_once(tmp_path: Path, node_factory) -> None:
+    """Issue 30 item 1: a start that never initializes costs a waiting call one init timeout, not two."""
+    starts = tmp_path / "starts.log"
+    make_module(tmp_path / "mods", "mute", env={"RAW_MODE": "no_init", "RAW_START_LOG": str(starts)}, timeout_ms=20000)
+    # No backoff before the first restart (as by default): the restart comes right after the timeout.
+    node = node_factory(tmp_path / "mods", config=config(init_timeout_s="3", backoff_initial_s="2"))
+    nc = await client(node.bus_url())
+    await wait_state(nc, node.name, "mute/tools", "starting")
+    await wait_for(lambda: len(start_times(starts)) == 1, "the first start", timeout=10)
+
+    sent = time.time()
+    code, body = await call(nc, "mesh.tool.mute.echo", {}, timeout=25)
+    answered = time.time()
+    first = start_times(starts)[0]
+    e = body["error"]
+    assert code == 503, body
+    # Answered at the first start's init timeout (3 s after it began), not after the restart's too.
+    assert answered - first < 3 + 1.0, (answered - first, answered - sent, body)
+    assert e["bundle"] == "mute/tools" and e["state"] == "starting", e
+    assert "its start failed: did not complete the MCP handshake" in e["reason"], e
+    assert "no answer to initialize within 3000 ms ([health] init_timeout_s)" in e["reason"], e
+    assert "the node starts it again on its own" in e["reason"], e
+
+    # The restart that follows is waited on by a call that comes after the failure, and only that one.
+    await wait_for(lambda: len(start_times(starts)) == 2, "the restart", timeout=10)
+    code, body = await call(nc, "mesh.tool.mute.echo", {}, timeout=25)
+    answered = time.time()
+    second = start_times(starts)[1]
+    assert code == 503 and "its start failed" in body["error"]["reason"], body
+    assert 3 - 0.5 < answered - second < 3 + 1.0, answered - second
+    # In backoff after the second failure: at once.
+    await wait_state(nc, node.name, "mute/tools", "backoff", timeout=10)
+    began = time.monotonic()
+    code, body = await call(nc, "mesh.tool.mute.echo", {}, timeout=25)
+    assert code == 503 and body["error"]["state"] == "backoff" and time.monotonic() - began < 0.5, body
+    await nc.close()

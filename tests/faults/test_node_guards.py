@@ -200,3 +200,39 @@ def test_the_host_name_becomes_a_valid_node_name() -> None:
     assert finish(NodeConfig(state_dir="/tmp/x")).name  # whatever this host is called
     assert node_name_from_host("1Box_name.example.com") == "n1box-name"
     assert node_name_from_host("") == "node"
+
+
+# --- issue 30 item 4 ---------------------------------------------------------------------------
+# What the operator's verbs need and the node never does: the MCP face and its web stack, the
+# import clients. `meshctl node run` imports each verb's needs only when that verb runs.
+NOT_IN_THE_NODE = ("mcp", "starlette", "sse_starlette", "uvicorn", "httpx", "httpcore", "pydantic", "pydantic_core")
+NOT_IN_THE_NODE_OF_OURS = ("runtime.meshctl.face", "runtime.meshctl.imports")
+
+
+def imported_modules(log: str) -> set[str]:
+    """The modules a process imported over its life, from its `-X importtime` lines on stderr."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in log.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2 and "imported package" not in line
+    }
+
+
+async def test_node_run_loads_no_mcp_server_nor_starlette(tmp_path: Path, node_factory) -> None:
+    make_module(tmp_path / "mods", "hello")
+    # PYTHONPROFILEIMPORTTIME is -X importtime: every import the node makes, at start and later, on its stderr.
+    node = node_factory(tmp_path / "mods", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    nc = await mesh.client(node.bus_url())
+    await wait_state(nc, node.name, "hello/tools", "ready")
+    code, _ = await call(nc, "mesh.tool.hello.echo", {"x": 1})
+    assert code == 200
+    await mesh.status(nc, node.name)
+    await nc.close()
+    assert node.terminate() == 0
+    modules = imported_modules(node.log())
+    # The check can fail: the node's own modules are seen.
+    assert {"runtime.node.node", "runtime.calls.dispatch", "runtime.meshctl.cli"} <= modules, sorted(modules)[:20]
+    foreign = sorted(m for m in modules if m.split(".")[0] in NOT_IN_THE_NODE or m.startswith(NOT_IN_THE_NODE_OF_OURS))
+    assert not foreign, f"`meshctl node run` imported {len(foreign)} modules it never uses: {foreign[:15]}"
+    assert not any(m == "mcp.server" or m.startswith(("mcp.server.", "starlette")) for m in modules)
+    print(f"`meshctl node run` imported {len(modules)} modules, none of the face's stack")

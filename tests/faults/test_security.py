@@ -5,6 +5,8 @@ real children, real `meshctl`.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import pwd
 import ssl
@@ -20,9 +22,20 @@ from nats.aio.client import Client
 
 from launcher.env import ALLOWLIST
 from launcher.reaper import MARKER_VAR
-from tests.support.mesh import NodeProcess, bundle_status, call, make_module, wait_state
+from runtime.wire.callproto import CALL_ID
+from runtime.wire.subjects import cancel_subject
+from tests.support.mesh import NodeProcess, bundle_status, call, make_module, wait_for, wait_state
 
-from .security_support import ConfiguredServer, make_tls, meshctl, new_nkey, node_config, operator_chain, proc_status
+from .security_support import (
+    ConfiguredServer,
+    accounts_mesh,
+    make_tls,
+    meshctl,
+    new_nkey,
+    node_config,
+    operator_chain,
+    proc_status,
+)
 
 
 class Stack:
@@ -413,3 +426,50 @@ async def test_children_run_as_another_user(world_readable_dir: Path, stack: Sta
         assert code == 503 and body["error"]["bundle"] == "beta/tools"
     code, _ = await call(nc, "mesh.tool.alpha.echo", {})
     assert code == 200
+
+
+async def test_call_ids_are_scoped_by_the_callers_account(tmp_path: Path) -> None:
+    """Issue 30 item 3: bob's call in flight under id X neither refuses alice's call with the same
+    Mesh-Call-Id nor is cancelled by her cancel of X; each cancel reaches its own account's call."""
+    server, node = accounts_mesh(tmp_path, [("alice", "alice", "alice-pw"), ("bob", "bob", "bob-pw")], "", "callids")
+    try:
+        ops = await nats.connect(server.url, user="mesh-node", password="mesh-pw")
+        await wait_state(ops, node.name, "who/tools", "ready")
+        alice = await nats.connect(server.url, user="alice", password="alice-pw")
+        bob = await nats.connect(server.url, user="bob", password="bob-pw")
+        call_id = "leaked-id-0123456789abcdef"
+        bobs = asyncio.ensure_future(
+            bob.request("mesh.tool.who.hold", b'{"seconds": 3}', timeout=10, headers={CALL_ID: call_id})
+        )
+        await wait_for(lambda: _in_flight(ops, node.name), "bob's call in flight", ok=lambda n: n == 1)
+
+        # Alice's call with the same id is hers: served, not refused 400 "already in flight".
+        reply = await alice.request("mesh.tool.who.echo", b'{"mine": 1}', timeout=10, headers={CALL_ID: call_id})
+        assert not (reply.headers and "Nats-Service-Error-Code" in reply.headers), (reply.headers, reply.data)
+        assert json.loads(reply.data)["structuredContent"] == {"mine": 1}
+
+        # Her cancel of that id does not reach bob's call: it is answered when its hold ends.
+        await alice.publish(cancel_subject(call_id), b'{"reason": "alice cancels her own id"}')
+        await alice.flush()
+        held = await bobs
+        assert not (held.headers and "Nats-Service-Error-Code" in held.headers), (held.headers, held.data)
+        assert json.loads(held.data)["content"][0]["text"] == "held"
+
+        # Bob's own cancel of the same id does reach his next call.
+        again = asyncio.ensure_future(
+            bob.request("mesh.tool.who.hold", b'{"seconds": 30}', timeout=10, headers={CALL_ID: call_id})
+        )
+        await wait_for(lambda: _in_flight(ops, node.name), "bob's second call in flight", ok=lambda n: n == 1)
+        await bob.publish(cancel_subject(call_id), b"")
+        await bob.flush()
+        await wait_for(lambda: _in_flight(ops, node.name), "bob's call cancelled", ok=lambda n: n == 0)
+        again.cancel()
+        for nc in (ops, alice, bob):
+            await nc.close()
+    finally:
+        node.kill()
+        server.stop()
+
+
+async def _in_flight(nc: Client, node: str) -> int:
+    return int((await bundle_status(nc, node, "who/tools"))["in_flight"])

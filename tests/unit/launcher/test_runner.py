@@ -98,13 +98,65 @@ async def test_a_child_without_the_handshake_is_named(script: Script) -> None:
 
 
 async def test_a_call_rides_over_a_start(script: Script) -> None:
-    script.children = [Behaviour(exit_after=0.0)]  # the first child dies; the second serves
+    script.children = [Behaviour(answer=echo, handshake_after=0.1)]  # a slow start, then it serves
     runner = RecordingRunner(runner_spec())
     task = run(runner)
     loop = asyncio.get_running_loop()
     pending = await runner.begin_when_ready(GREET, b"{}", loop.time() + 2)
     assert b"greet" in bytes(await runner.finish(pending))
-    assert runner.restarts == 1
+    assert runner.restarts == 0
+    await stop(runner, task)
+
+
+async def test_a_call_waits_for_one_start_not_for_the_restart_after_it(script: Script) -> None:
+    # Issue 30 item 1: the first start never answers initialize; the restart after it serves.
+    script.children = [Behaviour(handshake=False)]
+    runner = RecordingRunner(runner_spec(timeout_ms=10_000))
+    task = run(runner)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(BundleUnavailable) as failed:
+        await runner.begin_when_ready(GREET, b"{}", began + 10)
+    took = loop.time() - began
+    # At the first init timeout (0.3 s), not after the restart's handshake as well.
+    assert 0.25 <= took < 0.6, took
+    assert failed.value.state == "starting" and failed.value.bundle == "m/tools"
+    assert "its start failed: did not complete the MCP handshake" in failed.value.reason
+    assert "no answer to initialize within 300 ms ([health] init_timeout_s)" in failed.value.reason
+    assert "the node starts it again on its own" in failed.value.reason
+    # A call that comes after the failure waits for the next start, which serves.
+    pending = await runner.begin_when_ready(GREET, b"{}", loop.time() + 2)
+    assert b"greet" in bytes(await runner.finish(pending))
+    assert len(script.started) == 2 and runner.restarts == 1
+    await stop(runner, task)
+
+
+async def test_a_call_waiting_for_a_start_learns_at_once_when_its_child_dies(script: Script) -> None:
+    script.children = [Behaviour(exit_after=0.05, handshake=False)]  # dies during its handshake
+    runner = RecordingRunner(runner_spec(timeout_ms=10_000))
+    task = run(runner)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(BundleUnavailable) as failed:
+        await runner.begin_when_ready(GREET, b"{}", began + 10)
+    assert loop.time() - began < 0.25  # its end, not the init timeout (0.3 s)
+    assert failed.value.last_exit == "exit code 1" and "its start failed" in failed.value.reason
+    await runner.reach("ready")
+    await stop(runner, task)
+
+
+async def test_a_call_during_an_operator_restart_waits_for_the_new_child(script: Script) -> None:
+    script.children = [Behaviour(answer=echo), Behaviour(answer=echo, handshake_after=0.1)]
+    runner = RecordingRunner(runner_spec())
+    task = run(runner)
+    await runner.reach("ready")
+    first = script.started[0]
+    runner.request_restart()
+    assert runner.state == "restarting"
+    loop = asyncio.get_running_loop()
+    pending = await runner.begin_when_ready(GREET, b"{}", loop.time() + 2)
+    assert pending.session is not None and script.started[-1] is not first
+    assert b"greet" in bytes(await runner.finish(pending))
     await stop(runner, task)
 
 

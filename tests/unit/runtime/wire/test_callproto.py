@@ -109,7 +109,7 @@ def msg(headers: dict[str, str], data: bytes = b"{}", reply: str = "_INBOX.x") -
 async def test_desk_registers_refuses_a_second_id_and_forgets_on_close() -> None:
     desk = CallDesk(None, CallSettings())  # type: ignore[arg-type]  # open/close do not touch the bus
     call = desk.open(msg({CALL_ID: ID}), owner=None)
-    assert call is not None and desk.open_calls[ID] is call and call_meta(b"", call) == b""
+    assert call is not None and desk.open_calls[ID][None] is call and call_meta(b"", call) == b""
     with pytest.raises(BadRequest, match="already in flight"):
         desk.open(msg({CALL_ID: ID}), owner=None)
     desk.close(call)
@@ -132,9 +132,50 @@ async def test_desk_remembers_a_cancel_that_came_first_same_account_only_and_bou
     desk._remember_early(ID, "A")
     call = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"A"}'}), owner=None)
     assert call is not None and call.cancelled and ID not in desk.open_calls
+    # A cancel from B is remembered as B's: A's call with that id is not cancelled by it.
+    desk._remember_early(ID, "B")
+    mine = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"A"}'}), owner=None)
+    assert mine is not None and not mine.cancelled
+    desk.close(mine)
     for i in range(EARLY_CANCELS + 50):
         desk._remember_early(f"id-{i:016d}", None)
     assert len(desk._early) == EARLY_CANCELS
+
+
+async def test_call_ids_are_each_accounts_own() -> None:
+    """Issue 30 item 3: B's call in flight under an id never refuses A's call with the same id."""
+    desk = CallDesk(None, CallSettings())  # type: ignore[arg-type]
+    bobs = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"B"}'}), owner=None)
+    alices = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"A"}'}), owner=None)
+    mesh = desk.open(msg({CALL_ID: ID}), owner=None)  # the mesh account's own (no stamp)
+    assert bobs is not None and alices is not None and mesh is not None
+    assert desk.open_calls[ID] == {"B": bobs, "A": alices, None: mesh} and desk.stats()["open"] == 3
+    with pytest.raises(BadRequest, match="already in flight"):  # the same account twice still is
+        desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"A","user":"other"}'}), owner=None)
+    desk.close(alices)
+    assert desk.open_calls[ID] == {"B": bobs, None: mesh}
+    desk.close(alices)  # twice is nothing
+    desk.close(bobs)
+    desk.close(mesh)
+    assert desk.open_calls == {} and desk.stats()["open"] == 0
+
+
+async def test_a_cancel_reaches_the_call_of_its_own_account_only() -> None:
+    desk = CallDesk(None, CallSettings())  # type: ignore[arg-type]
+    bobs = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"B"}'}), owner=None)
+    alices = desk.open(msg({CALL_ID: ID, REQUEST_INFO: '{"acc":"A"}'}), owner=None)
+    assert bobs is not None and alices is not None
+
+    def cancel(account: str | None) -> Msg:
+        headers = {REQUEST_INFO: f'{{"acc":"{account}"}}'} if account else None
+        return Msg(_client=None, subject=f"mesh.cancel.{ID}", reply="", data=b"", headers=headers)  # type: ignore[arg-type]
+
+    await desk._on_cancel(cancel("A"))
+    assert alices.cancelled and not bobs.cancelled
+    await desk._on_cancel(cancel("C"))  # nobody's call of C's: remembered as C's, nothing cancelled
+    assert not bobs.cancelled and desk.cancels_ignored == 1 and ("C", ID) in desk._early
+    await desk._on_cancel(cancel("B"))
+    assert bobs.cancelled and desk.cancels_honoured == 2
 
 
 async def test_progress_from_the_wrong_bundle_or_garbage_is_dropped() -> None:
