@@ -38,10 +38,14 @@ from runtime.wire.callproto import (
     REQUEST_OBJECT,
     RESULT_OBJECT,
     TIMEOUT_MS,
+    TRACEPARENT,
+    TRACESTATE,
     CancelBody,
     KeepaliveFrame,
     ObjectRef,
     ProgressFrame,
+    new_traceparent,
+    valid_traceparent,
 )
 from runtime.wire.errors import HEADER_CODE, HEADER_TEXT
 from runtime.wire.subjects import cancel_subject, fetch_subject
@@ -143,11 +147,19 @@ class MeshClient:
         timeout_s: float = 60.0,
         on_progress: Callable[[ProgressFrame], None] | None = None,
         cancel_reason: str = "the caller cancelled the call",
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> bytes:
-        """The CallToolResult's JSON bytes, or a CallError; cancelling the awaiting task cancels the call."""
+        """The CallToolResult's JSON bytes, or a CallError; cancelling the awaiting task cancels the call.
+
+        `traceparent`/`tracestate`: the caller's W3C trace context, passed on as NATS headers (a node
+        that traces continues it); without one, the call starts a trace of its own."""
         body = arguments if isinstance(arguments, bytes) else _encode(arguments if arguments is not None else {})
         call_id = secrets.token_urlsafe(16)
         headers = {CALL_ID: call_id, TIMEOUT_MS: str(max(1, int(timeout_s * 1000)))}
+        headers[TRACEPARENT] = traceparent if traceparent and valid_traceparent(traceparent) else new_traceparent()
+        if tracestate and traceparent and len(tracestate) <= 512:
+            headers[TRACESTATE] = tracestate
         if on_progress is not None:
             headers[PROGRESS] = "1"
         if len(body) > (limit := (self.nc.max_payload or 1024 * 1024) - HEADROOM):

@@ -14,10 +14,10 @@ import logging
 import os
 from typing import Any, Mapping
 
+from runtime.wire.callproto import TRACEPARENT, TRACESTATE
+
 log = logging.getLogger("mesh.tracing")
 
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 MAX_HEADER = 512  # bytes of a traceparent or tracestate passed on; W3C's tracestate is at most 512
 
 # The span a log line is written under (runtime/node/logs.py reads it): (trace id, span id) in hex.

@@ -7,6 +7,7 @@ On a terminal (stderr) progress is a bar redrawn in place; otherwise one line pe
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from typing import Any, TextIO
@@ -81,6 +82,9 @@ async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_j
                 timeout_s=timeout_s,
                 on_progress=view,
                 cancel_reason="cancelled by the user (Ctrl-C on meshctl call)",
+                # A script's own trace (W3C's environment carrier), else the call starts one.
+                traceparent=os.environ.get("TRACEPARENT"),
+                tracestate=os.environ.get("TRACESTATE"),
             )
         except CallError as e:
             error = e

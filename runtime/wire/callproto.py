@@ -8,6 +8,7 @@ and what would be right.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Mapping
 
 import msgspec
@@ -44,11 +45,24 @@ MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_REASON = 200  # characters of a cancel's reason passed on to the child
 
 _ID = re.compile(r"[A-Za-z0-9_-]{16,64}")
+# W3C trace context: version 00, a 16-byte trace id and an 8-byte parent id (neither all zeros), flags.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 _MS = re.compile(r"[0-9]{1,9}")
 _OBJECT = re.compile(re.escape(REQUEST_OBJECT_PREFIX) + r"[A-Za-z0-9_-]{16,64}")
 _RESULT = re.compile(re.escape("res.") + r"[A-Za-z0-9_-]{16,64}")
 _PREFIX = "mesh-"
 _KNOWN_LOWER = {k.lower(): k for k in KNOWN}
+
+
+def new_traceparent() -> str:
+    """A fresh W3C trace context for a call that starts a trace (sampled), as `runtime/client.py` sends it."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+def valid_traceparent(text: str) -> bool:
+    return _TRACEPARENT.fullmatch(text) is not None
 
 
 def valid_call_id(text: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -72,3 +72,29 @@ async def test_without_the_environment_nothing_is_traced_and_the_child_gets_no_t
     await m.call("mesh.tool.alpha.greet", {}, headers={"traceparent": f"00-{TRACE}-{PARENT}-01"})
     [call] = [r for r in script.started[-1].received if r.get("method") == "tools/call"]
     assert "traceparent" not in call["params"].get("_meta", {})
+
+
+async def test_the_python_caller_continues_a_trace_it_is_given_and_starts_one_otherwise(
+    tmp_path: Path, m: Mesh, script: Script, receiver: Receiver
+) -> None:
+    from runtime.client import MeshClient
+    from runtime.wire.callproto import valid_traceparent
+
+    await m.start("n1", module_folder(tmp_path, "alpha"))
+    caller = MeshClient(m.nc)
+    await caller.call("mesh.tool.alpha.greet", {}, traceparent=f"00-{TRACE}-{PARENT}-01")
+    spans = await receiver.wait(lambda s: any(x.trace_id == TRACE for x in s))
+    assert [s.parent_span_id for s in spans if s.trace_id == TRACE and s.kind == SERVER] == [PARENT]
+
+    seen: list[dict[str, str]] = []
+
+    async def record(msg: Any) -> None:
+        seen.append(dict(msg.headers or {}))
+        await msg.respond(b'{"content": []}')
+
+    await m.nc.subscribe("mesh.tool.recorder.t", cb=record)
+    await caller.call("mesh.tool.recorder.t", {})
+    await caller.call("mesh.tool.recorder.t", {})
+    assert all(valid_traceparent(h["traceparent"]) for h in seen), seen
+    assert seen[0]["traceparent"].split("-")[1] != seen[1]["traceparent"].split("-")[1]  # a trace each
+    await caller.close()

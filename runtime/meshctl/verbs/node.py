@@ -41,6 +41,9 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     run.add_argument("--embedded-port", type=int, help="port of the embedded NATS server (default 4222, or a free one)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument(
+        "--log-format", default="text", choices=["text", "json"], help="json: one object a line, with trace ids"
+    )
+    run.add_argument(
         "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics ([metrics] listen)"
     )
     run.set_defaults(func=cmd_node_run)
@@ -90,10 +93,11 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
 # --- node run -------------------------------------------------------------------------
 def cmd_node_run(args: argparse.Namespace) -> int:
     from runtime.hosting.placement import Placement, load_placements
+    from runtime.node.logs import setup_logging
     from runtime.node.node import Node, prepare_process
 
     config = finished(node_config(args))
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     node = Node(config)
     placements: list[Placement] = []
     if config.manifests:
@@ -138,14 +142,6 @@ def cmd_node_run(args: argparse.Namespace) -> int:
     if failed:
         raise MeshError(str(failed[0]))
     return 0
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 # --- node status / restart ---------------------------------------------------------------
