@@ -115,12 +115,34 @@ class Run:
         self.results["revisions"] = await self.check_revisions(by_module)
         say(f"node: ready (pid {self.node.pid}); languages served: {', '.join(self.hellos) or 'none'}")
 
+        if self.args.telemetry:
+            await self.start_telemetry_nodes()
+
         self.responder = self.keep(Proc("responder", [sys.executable, str(BENCH / "responder.py"), self.url, "bench.echo"],
                                         self.work / "logs" / "responder.log"))
         await self.wait_responder()
         self.peers: dict[str, tuple[str, Proc]] = {}
         if not self.args.no_peers:
             self.start_peers()
+
+    async def start_telemetry_nodes(self) -> None:
+        """Two more nodes on the same bus, each with an echo module of its own: one serving /metrics
+        (tracing off), one exporting every call's spans over OTLP/HTTP to a sink (bench/otlp_sink.py)."""
+        self.telemetry: dict[str, tuple[Proc, int]] = {}
+        sink_port = free_port()
+        self.keep(Proc("otlp-sink", [sys.executable, str(BENCH / "otlp_sink.py"), str(sink_port)],
+                       self.work / "logs" / "otlp-sink.log"))
+        wait_port(sink_port, 30)
+        traced_env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                      "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"}
+        for label, extra, env in (("metrics", ["--metrics", f"127.0.0.1:{free_port()}"], None),
+                                  ("traced", [], traced_env)):
+            folder = self.work / f"modules-{label}"
+            echo_module(folder, f"echo-{label}")
+            node = self.keep(start_node(self.work, folder, self.url, f"bench-{label}", extra=extra, env=env))
+            st = await wait_settled(self.nc, node, f"bench-{label}", 1, 120, say)
+            self.telemetry[label] = (node, st["bundles"][0]["pid"])
+        say("telemetry: a node with metrics on, one exporting traces to a sink")
 
     async def check_revisions(self, by_module: dict[str, Any]) -> dict[str, str]:
         """A child answering each MCP revision is served: the answer, or why not."""
@@ -187,6 +209,11 @@ class Run:
         for peer, (url, proc) in self.peers.items():
             paths.append(CallPath(peer, "peer", f"{peer} (streamable HTTP) <- mcp SDK HTTP client",
                                    http_path(url, "echo", {"text": "hello"}, proc.pid), {peer: proc.pid}, *slow))
+        for label, (node, child) in getattr(self, "telemetry", {}).items():
+            what = "metrics on, tracing off" if label == "metrics" else "tracing on (OTLP/HTTP to a sink), metrics off"
+            paths.append(CallPath(f"node-{label}", "telemetry", f"nats-py client -> node ({what}) -> raw echo child",
+                                   nats_path(self.nc, f"mesh.tool.echo-{label}.echo", ECHO_ARGS),
+                                   {"node": node.pid, **bus, "child": child}, *fast))
         for language, t in self.hellos.items():
             paths.append(CallPath(f"node-{language}", "language", f"node -> hello-{language} ({t.tool})",
                                    nats_path(self.nc, f"mesh.tool.{t.module}.{t.tool}", t.arguments),
@@ -371,6 +398,18 @@ def summarize(results: dict[str, Any]) -> None:
     else:
         target("node p50 / better peer's p50", None, "<=", 0.2, "x", "no peer was measured")
         target("node calls/s / better peer's calls/s", None, ">=", 10, "x", "no peer was measured")
+    if "node-metrics" in paths:
+        target("node with metrics on: p50 / metrics off",
+               per_round(lambda m, n: m["p50_us"] / n["p50_us"], "node-metrics", "node"), "<=", 1.03, "x")
+        target("node with metrics on: calls/s / metrics off",
+               per_round(lambda m, n: m["calls_per_s"] / n["calls_per_s"], "node-metrics", "node"), ">=", 0.97, "x")
+    if "node-traced" in paths:
+        def traced_cost(t: dict[str, Any], n: dict[str, Any]) -> float | None:
+            a, b = t["cpu_us_per_call_conc"].get("node"), n["cpu_us_per_call_conc"].get("node")
+            return None if a is None or b is None else a - b
+
+        results["tracing_cost_us_per_call"] = per_round(traced_cost, "node-traced", "node")
+        results["tracing_p50_ratio"] = per_round(lambda t, n: t["p50_us"] / n["p50_us"], "node-traced", "node")
     node = paths.get("node", {}).get("median", {})
     target("node CPU per call (node process, 32 in flight)", (node.get("cpu_us_per_call_conc") or {}).get("node"),
            "<=", 150, "us")
@@ -460,6 +499,9 @@ def render(results: dict[str, Any]) -> str:
         value = "-" if t["measured"] is None else _shown(t["measured"], t["unit"])
         limit = f"{t['op']} {t['limit']:g}{t['unit'] if t['unit'] == 'x' else ' ' + t['unit']}"
         lines.append(f"{t['target']:<72} {value:>10} {limit:>10}  {t['result']}" + (f" ({t['why_na']})" if t["why_na"] else ""))
+    cost, ratio = results.get("tracing_cost_us_per_call"), results.get("tracing_p50_ratio")
+    if cost is not None:
+        lines.append(f"tracing on: the node's CPU per call {cost:+.1f} us against tracing off, p50 {ratio:.3g}x (32 in flight)")
     for n in results.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(line.rstrip() for line in lines)
@@ -564,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="rounds of every path (default 5, --quick 1)")
     p.add_argument("--no-peers", action="store_true", help="leave out mcp-proxy and supergateway")
     p.add_argument("--no-cold", action="store_true", help="leave out cold start, restart and memory")
+    p.add_argument("--no-telemetry", dest="telemetry", action="store_false",
+                   help="leave out the nodes with metrics on and with tracing on")
     p.add_argument("--no-calls", action="store_true", help="leave out the call paths (only cold start, restart, memory)")
     p.add_argument("--out", default=str(BENCH / "results.json"), help="where the figures go (default bench/results.json)")
     p.add_argument("--verbose", action="store_true", help="print a traceback when the run fails")

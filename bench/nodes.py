@@ -47,15 +47,18 @@ def start_nats(workdir: Path) -> tuple[Proc, str]:
     return proc, f"nats://127.0.0.1:{port}"
 
 
-def start_node(workdir: Path, manifests: Path, url: str, name: str, fresh: bool = True) -> Proc:
+def start_node(workdir: Path, manifests: Path, url: str, name: str, fresh: bool = True,
+               extra: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:
     """`meshctl node run` on the given bus with the default config; its state folder is fresh, or
-    kept from the node's previous start (as a node's state folder is kept across its restarts)."""
+    kept from the node's previous start (as a node's state folder is kept across its restarts).
+    `extra`: more flags (e.g. --metrics); `env`: more environment (e.g. OTEL_*)."""
     state = workdir / f"state-{name}"
     if fresh:
         shutil.rmtree(state, ignore_errors=True)
     argv = [*meshctl(), "node", "run", "--manifests", str(manifests), "--nats", url, "--name", name,
-            "--state-dir", str(state)]
-    return Proc(f"node {name}", argv, workdir / "logs" / f"node-{name}.log", cwd=node_source())
+            "--state-dir", str(state), *(extra or [])]
+    return Proc(f"node {name}", argv, workdir / "logs" / f"node-{name}.log", cwd=node_source(),
+                env={**os.environ, **env} if env else None)
 
 
 async def connect(url: str) -> Client:
