@@ -95,3 +95,30 @@ async def test_only_get_metrics_is_served(tmp_path: Path, m: Mesh) -> None:
     base = f"http://127.0.0.1:{node.metrics.port}"
     assert (await anyio.to_thread.run_sync(_get, f"{base}/"))[0] == 404
     assert (await anyio.to_thread.run_sync(_get, f"{base}/metrics", "POST"))[0] == 405
+
+
+async def test_every_metric_the_dashboard_draws_is_one_the_node_serves(tmp_path: Path, m: Mesh, script: Script) -> None:
+    import json
+    import re
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana" / "mesh-nodes.json").read_text())
+    drawn = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:mesh|process)_[a-z_]+)\{", target["expr"])
+    }
+    node = await m.start("n1", module_folder(tmp_path, "alpha"), metrics=MetricsConfig(listen="127.0.0.1:0"))
+    assert node.metrics is not None
+    await m.call("mesh.tool.alpha.greet", {})
+    _, _, text = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{node.metrics.port}/metrics")
+    # Every family the node describes, with its samples' names (a seat or a delivery may have none yet).
+    served: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            served |= {name, f"{name}_total"} if kind == "counter" else {name}
+            if kind == "histogram":
+                served |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    assert drawn - served == set(), f"the dashboard draws metrics no node serves: {sorted(drawn - served)}"
+    assert len(drawn) >= 12
