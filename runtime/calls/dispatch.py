@@ -143,9 +143,9 @@ class Dispatcher:
     def _meta(self, msg: Msg, call: OpenCall | None) -> bytes:
         """The call's `_meta`: the server-stamped caller (never anything from the body), and its progress token."""
         try:
-            meta = self.stamp.for_headers(msg.headers)
+            meta = self.stamp.for_headers(msg.headers, None if call is None else call.options.person)
         except CallerError as e:
-            raise BadRequest(msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
+            raise BadRequest(msg.subject, str(e), field=f"header {e.header}") from None
         return meta if call is None else call_meta(meta, call)
 
     # --- 3. run on the child --------------------------------------------------------------------
