@@ -237,7 +237,7 @@ PASSWORD = "handoff-test"
 def accounts_server(workdir: Path, agents: dict[str, dict[str, Any]]) -> ConfiguredServer:
     """The mesh account (the node's, user `mesh`) exporting the mesh's services, and one account per
     agent importing them with share: true, so the server stamps every request with the caller's
-    account and user. Users of the mesh account are infrastructure."""
+    account and user. Users of the mesh account may not publish a call (accounts_block denies it)."""
     agent_users = [(c["account"], c["user"], PASSWORD) for c in agents.values()]
     return ConfiguredServer(workdir, accounts_block([("mesh", PASSWORD)], agent_users)).start()
 

@@ -111,7 +111,7 @@ def judge(info: dict[str, Any]) -> BusTrust:
     return BusTrust.vouched(account)
 
 
-async def ask_trust(nc: Client, timeout: float = 5.0) -> BusTrust:
+async def ask_trust(nc: Client, timeout: float = 2.0) -> BusTrust:
     """What the server says about this connection, judged; a server that does not say is not believed."""
     try:
         msg = await nc.request(USER_INFO, b"", timeout=timeout)
