@@ -64,8 +64,9 @@ class Series:
         return [sys.executable, "-m", "runtime.meshctl"]
 
 
-def _status(series: Series, url: str, name: str) -> dict | None:
-    argv = [*series.meshctl(), "node", "status", "--nats", url, "--name", name, "--json", "--timeout", "2"]
+def _status(series: Series, state: Path, name: str) -> dict | None:
+    # Through the node's state folder: the embedded bus has accounts, bus.json names the login.
+    argv = [*series.meshctl(), "node", "status", "--state-dir", str(state), "--name", name, "--json", "--timeout", "2"]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=series.root, env=series.env)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
@@ -93,7 +94,6 @@ def node_run(
     (its compilers, its children), from the exec to its exit."""
     port = free_port()
     name = f"builds-{state.name}"
-    url = f"nats://127.0.0.1:{port}"
     argv = [*series.meshctl(), "node", "run", "--manifests", str(manifests), "--state-dir", str(state)]
     argv += ["--name", name, "--embedded-port", str(port)]
     expected = _served(manifests)
@@ -117,7 +117,7 @@ def node_run(
                         ready.setdefault(m[2], _log_time(m[1]) - started_wall)
                 if time.monotonic() - asked > 15:
                     asked = time.monotonic()
-                    for b in (_status(series, url, name) or {}).get("bundles", []):
+                    for b in (_status(series, state, name) or {}).get("bundles", []):
                         key = f"{b['module']}/{b['bundle']}"
                         if b["state"] == "failed" and key not in failed:
                             failed.append(f"{key}: {b['last_error']}")

@@ -282,6 +282,7 @@ class ChildProcess:
             group=group,
             extra_groups=extra_groups,
             close_fds=True,
+            umask=0o077,  # what a child writes (its store, its files) is its own user's alone
         )
         child._transport = transport
         child._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]

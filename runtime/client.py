@@ -48,6 +48,7 @@ from runtime.wire.callproto import (
     valid_traceparent,
 )
 from runtime.wire.errors import HEADER_CODE, HEADER_TEXT
+from runtime.wire.identity import PERSON, Person, encode_person
 from runtime.wire.subjects import cancel_subject, fetch_subject
 
 HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
@@ -149,17 +150,23 @@ class MeshClient:
         cancel_reason: str = "the caller cancelled the call",
         traceparent: str | None = None,
         tracestate: str | None = None,
+        person: Person | None = None,
     ) -> bytes:
         """The CallToolResult's JSON bytes, or a CallError; cancelling the awaiting task cancels the call.
 
         `traceparent`/`tracestate`: the caller's W3C trace context, passed on as NATS headers (a node
-        that traces continues it); without one, the call starts a trace of its own."""
+        that traces continues it); without one, the call starts a trace of its own. `person`: the
+        human behind this call, for a delegate (an MCP face, a console) to pass; a node refuses it
+        (400) from any caller not listed in its `[identity] delegates`.
+        """
         body = arguments if isinstance(arguments, bytes) else _encode(arguments if arguments is not None else {})
         call_id = secrets.token_urlsafe(16)
         headers = {CALL_ID: call_id, TIMEOUT_MS: str(max(1, int(timeout_s * 1000)))}
         headers[TRACEPARENT] = traceparent if traceparent and valid_traceparent(traceparent) else new_traceparent()
         if tracestate and traceparent and len(tracestate) <= 512:
             headers[TRACESTATE] = tracestate
+        if person is not None:
+            headers[PERSON] = encode_person(person)
         if on_progress is not None:
             headers[PROGRESS] = "1"
         if len(body) > (limit := (self.nc.max_payload or 1024 * 1024) - HEADROOM):

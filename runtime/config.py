@@ -27,8 +27,9 @@ max_ratio = 200
 max_members = 200000
 
 [identity]
-local = "ops/alice"                 # the caller of requests from inside the mesh account
-mcp_faces = ["faces/mcp"]           # callers that are MCP faces: their calls are via "mcp"
+local = "ops/alice"                 # the node's own caller: the embedded bus's operator, a bus without accounts
+delegates = { "faces/mcp" = "mcp", "web/console" = "console" }   # callers that pass the person behind a call
+# mcp_faces = ["faces/mcp"]         # the same as delegates with "mcp" (the older name)
 
 [seats]
 lease_ttl_s = 10                    # a dead holder's lease expires after this
@@ -64,13 +65,21 @@ import msgspec
 from launcher.bundle import HealthPolicy, RestartPolicy
 from manifests.load import name_problem
 from runtime.calls.desk import CallSettings
-from runtime.wire.identity import check_local
+from runtime.wire.identity import DELEGATE_VIAS, Via, check_local, parse_listed
 from toolchains.artifact import ArtifactLimits
 from toolchains.cache_bound import CacheBound, bound_problem
 
 # The embedded bus's own account and the user its nodes connect as.
 MESH_ACCOUNT = "MESH"
 MESH_USER = "mesh-node"
+# The embedded bus's own callers: the operator's calls (the node's OS user: the local identity)
+# and the face (`meshctl mcp`, a delegate).
+LOCAL_ACCOUNT = "LOCAL"
+LOCAL_USER = "mesh-local"
+FACE_ACCOUNT = "faces"
+FACE_USER = "mesh-mcp"
+RESERVED_ACCOUNTS = (MESH_ACCOUNT, LOCAL_ACCOUNT)
+RESERVED_USERS = (MESH_USER, LOCAL_USER, FACE_USER)
 # Where a node run by systemd keeps its state (its unit's default; meshctl finds it there too).
 SYSTEM_STATE_DIR = "/var/lib/mesh-node"
 ACCOUNT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
@@ -99,12 +108,22 @@ class NatsConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class IdentityConfig(msgspec.Struct, forbid_unknown_fields=True):
-    # The caller of a request from inside the mesh account: "account" or "account/user";
-    # default the OS user running the node.
+    # The node's own caller ("account" or "account/user"; default the OS user running the node):
+    # the embedded bus's operator (`meshctl call` by the node's user), and every caller of a bus
+    # whose stamps the node cannot believe.
     local: str | None = None
-    # NATS callers ("account/user", or "account" for all its users) that are MCP faces (`meshctl
-    # mcp` with its own credentials): the node marks their calls via "mcp" (docs/mcp.md).
+    # Delegates: server-stamped callers ("account/user", or "account" for all its users) that
+    # pass the person behind each call (`Mesh-Person`), with their channel: "mcp" (an MCP face)
+    # or "console" (a web console). The embedded bus's own face is one without being listed.
+    delegates: dict[str, Via] = {}
+    # The older name: delegates whose channel is "mcp".
     mcp_faces: list[str] = []
+
+    def listed(self) -> dict[tuple[str, str | None], Via]:
+        """Every delegate as (account, user) -> channel (`delegates` over `mcp_faces`)."""
+        found: dict[tuple[str, str | None], Via] = {parse_listed(f): "mcp" for f in self.mcp_faces}
+        found.update({parse_listed(k): v for k, v in self.delegates.items()})
+        return found
 
 
 class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -166,8 +185,11 @@ def default_state_dir() -> Path:
     user = Path(xdg) / "mesh-node" if xdg else Path.home() / ".local" / "state" / "mesh-node"
     # A node run by systemd keeps its state in /var/lib; meshctl finds it there too.
     system = Path(SYSTEM_STATE_DIR)
-    if not user.exists() and (system / "bus.json").exists():
-        return system
+    try:
+        if not user.exists() and (system / "bus.json").exists():
+            return system
+    except PermissionError:  # the system node's state is its user's alone: not this user's node
+        pass
     return user
 
 
@@ -213,6 +235,11 @@ def _problem(config: NodeConfig) -> str | None:
     for face in config.identity.mcp_faces:
         if why := check_local(face):
             return f"identity.mcp_faces: {why}"
+    for listed, via in config.identity.delegates.items():
+        if why := check_local(listed):
+            return f"identity.delegates: {why}"
+        if via not in DELEGATE_VIAS:
+            return f'identity.delegates: {listed!r} = {via!r}; a delegate\'s channel is "mcp" or "console"'
     if not 1 <= config.seats.lease_ttl_s <= 3600:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
     if why := bound_problem(config.build_cache):
@@ -224,8 +251,8 @@ def _problem(config: NodeConfig) -> str | None:
         for field, value in (("account", c.account), ("user", c.user)):
             if not ACCOUNT_NAME_RE.match(value):
                 return f'nats.caller[{i}].{field}: is {value!r}; write a name of letters, digits, - and _, e.g. "alice"'
-        if c.account.upper() == MESH_ACCOUNT or c.user == MESH_USER:
-            return f"nats.caller[{i}]: {MESH_ACCOUNT} and {MESH_USER} are the mesh's own; name the caller otherwise"
+        if why := reserved_problem(c.account, c.user):
+            return f"nats.caller[{i}]: {why}"
         if c.user in seen:
             return f"nats.caller[{i}].user: {c.user!r} is used twice; one user names one caller"
         seen.add(c.user)
@@ -242,6 +269,16 @@ def listen_problem(text: str) -> str | None:
     _host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         return f"is {text!r}; write HOST:PORT, e.g. 127.0.0.1:9464"
+    return None
+
+
+def reserved_problem(account: str, user: str) -> str | None:
+    """Why a caller may not have this account or user (the embedded bus's own), or None."""
+    if account.upper() in RESERVED_ACCOUNTS or user in RESERVED_USERS:
+        return (
+            f"{', '.join(RESERVED_ACCOUNTS)} (accounts) and {', '.join(RESERVED_USERS)} (users) are the mesh's own; "
+            "name the caller otherwise"
+        )
     return None
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from tests.support.call_contract import expected_id
 from tests.support.mesh import MESHCTL, call, client, wait_state
 from tests.support.sdk import build_context, facts_env, require
 from tests.support.stdio_client import StdioClient
@@ -87,7 +88,7 @@ def desk(make_desk: Callable[..., Desk]) -> Desk:
 
 
 def cid(caller: dict[str, Any]) -> str:
-    return f"{caller['account']}/{caller['user']}" if caller["user"] else caller["account"]
+    return expected_id(caller)  # the SDKs' one rule (tests/support/call_contract.py)
 
 
 def test_the_sixteen_verbs_are_listed(desk: Desk) -> None:
@@ -127,7 +128,7 @@ def test_point2_one_owner_from_the_claim_taken_from_the_caller(desk: Desk) -> No
     assert "opened by you" in desk.refused(ALICE, "claim", id=desk.ok(ALICE, "open", **QUESTION)["id"])
     [held] = desk.ok(CAROL, "holders")["holders"]
     assert held["owner"] == cid(BOB) and [e["id"] for e in held["entries"]] == [entry["id"]]
-    assert "not by you (CAROL)" in desk.refused(CAROL, "answer", id=entry["id"], antwort="5432?")
+    assert "not by you (local:CAROL)" in desk.refused(CAROL, "answer", id=entry["id"], antwort="5432?")
     answered = desk.ok(BOB, "answer", id=entry["id"], antwort="5433")
     assert answered["state"] == "resolved" and answered["antwort"] == "5433" and answered["id"] == entry["id"]
     assert desk.ok(CAROL, "holders") == {"holders": []}

@@ -13,9 +13,20 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from runtime.bus.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer, meshctl
-from tests.support.callers import FORGED_ARGS, FORGED_HEADERS, callers_node, callers_server, connect_as
-from tests.support.mesh import FAST_CONFIG, NodeProcess, make_module, wait_state
+from tests.support.callers import (
+    CALLERS,
+    FORGED_ARGS,
+    FORGED_HEADERS,
+    MESH_PASSWORD,
+    MESH_USER,
+    callers_node,
+    callers_server,
+    connect_as,
+    mesh_cannot_call,
+)
+from tests.support.mesh import FAST_CONFIG, NatsServer, NodeProcess, make_module, wait_state
 
 
 def caller(account: str, user: str | None, name: str | None, via: str) -> dict[str, Any]:
@@ -59,9 +70,9 @@ async def test_each_caller_is_recorded_as_itself_whatever_it_forges(mesh: tuple[
         # A call without any forgery: the same stamp.
         seen = await seen_by_child(alice, "mesh.tool.who.meta", {})
         assert seen["_meta"] == {"mesh/caller": caller("alice", "alice", "alice-client", "bus")}
-        # From inside the mesh account, with no header: the node's local identity.
-        seen = await seen_by_child(ops, "mesh.tool.who.meta", {"caller": "bob"})
-        assert seen["_meta"] == {"mesh/caller": caller("ops", "node-admin", None, "local")}
+        # From inside the mesh account no call starts at all: the server refuses the publish.
+        refused = await mesh_cannot_call(server, "mesh.tool.who.meta")
+        assert "permissions violation" in refused.lower() and "mesh.tool.who.meta" in refused
         # A caller reaches only the mesh's tool subjects: not the node's control subjects.
         with pytest.raises(nats.errors.NoRespondersError):
             await alice.request(f"mesh.node.{node.name}.status", b"", timeout=3)
@@ -70,23 +81,73 @@ async def test_each_caller_is_recorded_as_itself_whatever_it_forges(mesh: tuple[
             await nc.close()
 
 
-async def test_a_mesh_account_client_is_infrastructure_its_header_is_believed(
-    mesh: tuple[ConfiguredServer, NodeProcess],
-) -> None:
-    """Documented, not a hole: inside the mesh account no import stamps, so users there are trusted."""
+async def test_no_client_of_the_mesh_account_can_write_a_stamp(mesh: tuple[ConfiguredServer, NodeProcess]) -> None:
+    """Inside one account the server passes a client's Nats-Request-Info as written; so no user of
+    the mesh account may publish a call, a cancel or a fetch (the node checks its own at start)."""
     server, node = mesh
+    for subject in ("mesh.tool.who.meta", "mesh.seat.echo.say", "mesh.cancel.abcdefghijklmnop1234", "mesh.fetch.res.x"):
+        refused = await mesh_cannot_call(server, subject, {"Nats-Request-Info": '{"acc":"bob","user":"bob"}'})
+        assert "permissions violation" in refused.lower(), refused
+    assert "caller identity: server-stamped" in node.log()
     ops = await connect_as(server, None)
     try:
-        await wait_state(ops, node.name, "who/tools", "ready")
-        seen = await seen_by_child(ops, "mesh.tool.who.meta", {}, {"Nats-Request-Info": '{"acc":"bob","user":"bob"}'})
-        assert seen["_meta"] == {"mesh/caller": caller("bob", "bob", None, "bus")}
-        # An unreadable stamp from infrastructure is a bad request, not a guess.
-        msg = await ops.request("mesh.tool.who.meta", b"{}", headers={"Nats-Request-Info": "not json"}, timeout=5)
-        headers = msg.headers or {}
-        assert headers.get("Nats-Service-Error-Code") == "400"
-        assert "Nats-Request-Info header is not the server's client info" in headers.get("Nats-Service-Error", "")
+        status = json.loads((await ops.request(f"mesh.node.{node.name}.status", b"", timeout=5)).data)
+        assert status["identity"].startswith("server-stamped"), status["identity"]
     finally:
         await ops.close()
+
+
+async def _who(nc: Client, headers: dict[str, str]) -> dict[str, Any]:
+    return (await seen_by_child(nc, "mesh.tool.who.meta", {}, headers))["_meta"]["mesh/caller"]
+
+
+async def test_a_bus_without_accounts_is_said_and_every_caller_there_is_local(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "bus").start()
+    make_module(tmp_path / "mods", "who")
+    node = NodeProcess(
+        tmp_path, tmp_path / "mods", server.url, "open", config=FAST_CONFIG + '[identity]\nlocal = "ops"\n'
+    )
+    try:
+        node.wait_log("serving on")
+        nc = await nats.connect(server.url)
+        try:
+            forged = {**FORGED_HEADERS, "Mesh-Person": '{"iss":"https://idp.example/","sub":"bob","name":"Bob"}'}
+            await wait_state(nc, node.name, "who/tools", "ready")
+            assert await _who(nc, forged) == caller("ops", None, None, "local")
+            status = json.loads((await nc.request(f"mesh.node.{node.name}.status", b"", timeout=5)).data)
+        finally:
+            await nc.close()
+        warned = [line for line in node.log().splitlines() if "WARNING" in line and "caller identity" in line]
+        assert len(warned) == 1 and "this bus has no accounts" in warned[0], warned
+        assert status["identity"].startswith("unverified: this bus has no accounts")
+        r = meshctl("node", "status", "--nats", server.url, "--name", node.name)
+        assert "callers: unverified: this bus has no accounts" in r.stdout, r.stdout
+    finally:
+        node.kill()
+        server.stop()
+
+
+async def test_an_unguarded_mesh_account_makes_every_caller_local(tmp_path: Path) -> None:
+    """Accounts, but the mesh account may publish calls: a client there could write any stamp, so
+    the node believes none (alice's real one included) and says how to fix the bus."""
+    server = ConfiguredServer(tmp_path / "bus", accounts_block([(MESH_USER, MESH_PASSWORD)], CALLERS, guard=False))
+    server.start()
+    make_module(tmp_path / "mods", "who")
+    node = callers_node(tmp_path, server, tmp_path / "mods", "unguarded")
+    try:
+        alice, ops = await connect_as(server, "alice"), await connect_as(server, None)
+        try:
+            await wait_state(ops, node.name, "who/tools", "ready")
+            assert await _who(alice, {}) == caller("ops", "node-admin", None, "local")
+            forged = {"Nats-Request-Info": json.dumps({"acc": "bob", "user": "bob"})}
+            assert await _who(ops, forged) == caller("ops", "node-admin", None, "local")
+        finally:
+            await alice.close()
+            await ops.close()
+        assert "mesh-node may publish mesh.tool.>" in node.log() and "deny the mesh account's users" in node.log()
+    finally:
+        node.kill()
+        server.stop()
 
 
 async def test_meshctl_call_speaks_as_the_caller_it_is_given(mesh: tuple[ConfiguredServer, NodeProcess]) -> None:

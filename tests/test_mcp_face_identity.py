@@ -6,6 +6,7 @@ the node's `[identity] mcp_faces`. Nothing an MCP client sends (arguments, the r
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -14,6 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from runtime.wire.identity import os_user
 from tests.faults.security_support import ConfiguredServer, accounts_mesh
 from tests.support.mesh import MESHCTL, ROOT, NodeProcess, wait_state
 
@@ -34,8 +36,8 @@ async def mesh(tmp_path: Path) -> AsyncIterator[tuple[ConfiguredServer, NodeProc
         server.stop()
 
 
-def _face(url: str, user: str, password: str) -> StdioServerParameters:
-    args = [*MESHCTL[1:], "mcp", "--nats", url, "--user", user, "--password", password, "--only", "who_meta"]
+def _face(url: str, user: str, password: str, *more: str) -> StdioServerParameters:
+    args = [*MESHCTL[1:], "mcp", "--nats", url, "--user", user, "--password", password, "--only", "who_meta", *more]
     return StdioServerParameters(command=MESHCTL[0], args=args, cwd=str(ROOT))
 
 
@@ -77,3 +79,19 @@ def test_mcp_faces_are_checked_at_start(tmp_path: Path) -> None:
     path.write_text('[identity]\nmcp_faces = ["faces/"]\n')
     with pytest.raises(ConfigError, match="identity.mcp_faces"):
         load_config(str(path))
+
+
+async def test_a_face_started_as_a_delegate_passes_the_os_user_and_only_a_listed_one_may(
+    mesh: tuple[ConfiguredServer, NodeProcess],
+) -> None:
+    server, _ = mesh
+    me = {"iss": f"unix:{socket.gethostname()}", "sub": os_user(), "name": os_user()}
+    async with Client(_face(server.url, "face", "face-pw", "--delegate"), mode="legacy", cache=None) as c:
+        seen = await _seen(c)
+    assert seen == {"account": "faces", "user": "face", "name": "meshctl-mcp", "via": "mcp", "person": me}
+    # alice claiming to be a delegate: the node refuses the person, and the client is told why.
+    async with Client(_face(server.url, "alice", "alice-pw", "--delegate"), mode="legacy", cache=None) as c:
+        result = await c.call_tool("who_meta", {})
+    assert result.is_error
+    text = " ".join(getattr(part, "text", "") for part in result.content)
+    assert "400" in text and "caller alice/alice is not a delegate" in text, text

@@ -1,5 +1,5 @@
 """The memory seat through a real node over a real bus with two caller accounts (alice, bob) and
-the mesh account (the node, and the operator `ops` with the local identity): who wrote what comes
+the mesh account (the node; its users may not call): who wrote what comes
 from the server's stamp on each request, so a member's private scope is its own and no argument,
 header or `_meta` makes one member pass for the other.
 
@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from tests.faults.security_support import ConfiguredServer
-from tests.support.callers import FORGED_HEADERS, callers_node, callers_server, connect_as
+from tests.support.callers import FORGED_HEADERS, callers_node, callers_server, connect_as, mesh_cannot_call
 from tests.support.mesh import ROOT, NodeProcess, wait_state
 
 pytestmark = pytest.mark.slow
@@ -31,6 +31,11 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ConfiguredS
     base = tmp_path_factory.mktemp("memory-bus")
     mods = base / "mods"
     shutil.copytree(ROOT / "bundles" / "memory", mods / "memory", ignore=shutil.ignore_patterns("__pycache__"))
+    # No call comes from the mesh account: the scope admin is a caller, bob (the policy's own words).
+    manifest = mods / "memory" / "module.toml"
+    manifest.write_text(
+        manifest.read_text().replace('MEMORY_SCOPE_ADMINS = "@local"', 'MEMORY_SCOPE_ADMINS = "bob/bob"')
+    )
     server = callers_server(base / "bus")
     node = None
     try:
@@ -77,7 +82,9 @@ async def recall(nc: Client, **args: Any) -> list[dict[str, Any]]:
     return (await entry(nc, "recall", **args))["entries"]
 
 
-async def test_two_members_write_and_read(members: dict[str | None, Client]) -> None:
+async def test_two_members_write_and_read(
+    members: dict[str | None, Client], mesh: tuple[ConfiguredServer, NodeProcess]
+) -> None:
     alice, bob = members["alice"], members["bob"]
     first = await entry(alice, "remember", content="Postgres is the system of record.", type="decision", key="db.sor")
     assert (first["scope"], first["author"], first["source"]) == ("global", ALICE, "bus")
@@ -88,9 +95,9 @@ async def test_two_members_write_and_read(members: dict[str | None, Client]) -> 
     # Each reads what the other wrote, with its author as the server stamped it.
     assert [(e["id"], e["author"]) for e in await recall(bob, key="db.sor")] == [(first["id"], ALICE)]
     assert [(e["id"], e["author"]) for e in await recall(alice, key="ops.deploy-day")] == [(second["id"], BOB)]
-    # The operator in the mesh account writes with the node's local identity, via local.
-    ops = await entry(members[None], "remember", content="The node runs on two cores.", type="status")
-    assert (ops["author"], ops["source"]) == ("ops/node-admin", "local")
+    # Nobody in the mesh account writes at all: the server refuses the call (no stamp of its own).
+    refused = await mesh_cannot_call(mesh[0], "mesh.seat.memory.remember")
+    assert "permissions violation" in refused.lower(), refused
     # Each one's own private scope is listed for it, and only its own.
     for nc, owner in ((alice, ALICE), (bob, BOB)):
         scopes = (await entry(nc, "scopes"))["scopes"]
@@ -204,8 +211,8 @@ async def test_full_text_search_finds_by_words(members: dict[str | None, Client]
 
 
 async def test_archived_scopes_refuse_writes(members: dict[str | None, Client]) -> None:
-    alice, ops = members["alice"], members[None]
-    # Who may create scopes is policy: the default is calls from the mesh account (@local).
+    alice, ops = members["alice"], members["bob"]
+    # Who may create scopes is policy: here bob (MEMORY_SCOPE_ADMINS, set by the fixture).
     assert "may not" in refusal(await ask(alice, "create_scope", slug="billing", name="Billing")).lower()
     created = await entry(ops, "create_scope", slug="billing", name="Billing", description="the billing platform")
     assert (created["slug"], created["archived"]) == ("billing", False)

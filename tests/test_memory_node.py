@@ -99,9 +99,11 @@ def test_memory_is_served_and_its_data_survives_child_kill_and_node_restart(
             assert sorted(ready["tools"]) == sorted(f"memory.{v}" for v in VERBS)
             shared, secret = await seed(bus)
             assert await seen_by(bus) == {"alice": [secret, shared], "bob": [shared]}
-            code, body = await call(nc, "mesh.seat.memory.recall", {"limit": "ten"}, timeout=20)
+            alice = await connect_as(bus, "alice")  # calls come from callers: the mesh account may not publish one
+            code, body = await call(alice, "mesh.seat.memory.recall", {"limit": "ten"}, timeout=20)
             assert code == 400  # the node checks arguments against the verb's input schema
-            code, body = await call(nc, "mesh.seat.memory.recall", {"query": "***"}, timeout=20)
+            code, body = await call(alice, "mesh.seat.memory.recall", {"query": "***"}, timeout=20)
+            await alice.close()
             assert code == 200 and body["isError"] is True  # a refusal is the tool's answer, not a runtime error
             assert "no words to search for" in body["content"][0]["text"]
             # The child dies hard; the node restarts it on the same data.

@@ -309,9 +309,12 @@ static void mark(const char *path, const char *line) {
 static void whoami(json_t *args, mesh_result *r, void *ud) {
     (void)args, (void)ud;
     const struct mesh_caller *c = mesh_call_caller(r);
-    json_t *seen = c ? json_pack("{s:s, s:s?, s:s?, s:s, s:s}", "account", c->account, "user", c->user,
-                                 "name", c->name, "via", c->via, "id", c->id)
-                     : json_null();
+    json_t *person = c && c->person ? json_pack("{s:s, s:s, s:s}", "iss", c->person->iss, "sub", c->person->sub,
+                                                "name", c->person->name)
+                                    : json_null();
+    json_t *seen = c ? json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:o}", "account", c->account, "user", c->user,
+                                 "name", c->name, "via", c->via, "id", c->id, "person", person)
+                     : (json_decref(person), json_null());
     mesh_result_text(r, "%s", c ? c->id : "nobody");
     mesh_result_structured(r, json_pack("{s:o}", "caller", seen));
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -65,17 +66,9 @@ class EmbeddedServer:
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        store = self.state_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "nats").mkdir(parents=True, exist_ok=True)
         log_file = self.state_dir / "nats-server.log"
-        argv = [*nats_server_argv(self.port, store), "-n", f"mesh-{self.node}", "-l", str(log_file)]
-        if self.accounts is not None:
-            # Accounts exist only in a config file; it holds passwords, so only the node reads it.
-            conf = self.state_dir / "nats-server.conf"
-            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.accounts)
-            argv += ["-c", str(conf)]
+        argv = [nats_server_binary(), "-c", str(self._write_config(self.accounts))]
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -101,6 +94,35 @@ class EmbeddedServer:
             except OSError:
                 await asyncio.sleep(0.02)
         raise BusError(f"the embedded nats-server did not listen on {self.url} within 10 s; see {log_file}")
+
+    def _write_config(self, accounts: str | None) -> Path:
+        """Every option in the one file, none on the command line: a reload (SIGHUP) reads the file
+        alone and refuses a change to what a flag had set. It holds passwords: only the node reads it."""
+        conf = self.state_dir / "nats-server.conf"
+        q = json.dumps  # a JSON string is a quoted string of the server's config format
+        text = (
+            f"listen: {q(f'127.0.0.1:{self.port}')}\n"
+            f"server_name: {q(f'mesh-{self.node}')}\n"
+            f"log_file: {q(str(self.state_dir / 'nats-server.log'))}\n"
+            f"jetstream {{ store_dir: {q(str(self.state_dir / 'nats'))} }}\n" + (accounts or "")
+        )
+        tmp = conf.with_name(conf.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
+        os.replace(tmp, conf)  # whole: the server never reads half of it
+        return conf
+
+    def reload(self, accounts: str) -> None:
+        """New accounts, taken by the running server (nats-server reloads its config on SIGHUP);
+        the connections of a user no longer listed are closed by the server."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            raise BusError("the embedded nats-server is not running; start the node again")
+        self.accounts = accounts
+        self._write_config(accounts)
+        proc.send_signal(signal.SIGHUP)
 
     async def stop(self) -> None:
         proc = self._proc

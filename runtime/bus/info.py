@@ -17,10 +17,17 @@ class BusInfo(msgspec.Struct):
     node: str
     pid: int
     embedded: bool
-    # An embedded bus with caller accounts: the mesh account's user and its password file,
-    # which the local operator's meshctl uses (a file only the node's user reads).
+    # The embedded bus (it always has accounts): which user meshctl, run by the node's OS user,
+    # logs in as for what, and the file holding each password (files only that user reads).
+    # The mesh account: status, tools, delivery, seats, callers.
     user: str | None = None
     password_file: str | None = None
+    # The operator's own calls (`meshctl call`): the node gives them its local identity.
+    caller_user: str | None = None
+    caller_password_file: str | None = None
+    # The face (`meshctl mcp`): a delegate, which passes the person behind each call.
+    face_user: str | None = None
+    face_password_file: str | None = None
 
 
 def write_bus_info(state_dir: Path, info: BusInfo) -> Path:
@@ -37,9 +44,10 @@ def write_bus_info(state_dir: Path, info: BusInfo) -> Path:
 
 
 def read_bus_info(state_dir: Path) -> BusInfo | None:
+    """The running local node's bus.json, or None; PermissionError when the folder is another user's."""
     try:
         info = msgspec.json.decode((state_dir / BUS_FILE).read_bytes(), type=BusInfo)
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+    except (FileNotFoundError, NotADirectoryError, msgspec.DecodeError, msgspec.ValidationError):
         return None
     try:
         os.kill(info.pid, 0)

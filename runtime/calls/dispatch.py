@@ -207,9 +207,9 @@ class Dispatcher:
         """The call's `_meta`: the server-stamped caller (never anything from the body), its progress
         token, and its trace context (the child's spans join the call's trace)."""
         try:
-            meta = self.stamp.for_headers(a.msg.headers)
+            meta = self.stamp.for_headers(a.msg.headers, None if a.call is None else a.call.options.person)
         except CallerError as e:
-            raise BadRequest(a.msg.subject, str(e), field=f"header {REQUEST_INFO}") from None
+            raise BadRequest(a.msg.subject, str(e), field=f"header {e.header}") from None
         if a.call is not None:
             meta = call_meta(meta, a.call)
         if a.span is not None:

@@ -7,6 +7,8 @@ bus) hand the node a `Placement`; the node turns each of its tools bundles into 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,19 @@ def from_source(loaded: LoadedModule) -> Placement:
 def data_dir(state_dir: Path | str, module: str) -> Path:
     """A module's own folder of data, shared by its bundles: <state>/data/<module>."""
     return Path(state_dir) / "data" / module
+
+
+def made_data_dir(state_dir: Path | str, module: str, user: str | None = None, group: str | None = None) -> Path:
+    """`data_dir`, made when missing and private: 0700 and the children's (`user`'s when they run as
+    one). `<state>/data` is 0700, or 0711 when children run as another user: they pass through it
+    to their own folder and list nothing. The children's umask (077) keeps what they write there theirs."""
+    folder = data_dir(state_dir, module)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder.parent, 0o711 if user else 0o700)
+    if user:
+        shutil.chown(folder, user, group)
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def load_placements(directory: Path) -> tuple[list[Placement], list[str]]:

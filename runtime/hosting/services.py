@@ -27,7 +27,7 @@ from launcher.supervise import describe_exit
 from manifests import BundleManifest
 from runtime.config import NodeConfig, ServicesConfig
 from runtime.hosting.children import child_of
-from runtime.hosting.placement import Placement, data_dir
+from runtime.hosting.placement import Placement, made_data_dir
 from runtime.hosting.steps import run_steps
 from runtime.hosting.units import build_services, service_unit, unit_name
 
@@ -139,8 +139,9 @@ class SystemdService:
         placement = self.placement
         if placement.from_source:  # a delivered bundle is built already: its artifact is the build
             placement = build_services(placement, self.config.state_dir, log.info, self.config.build_cache)
-        folder = data_dir(self.config.state_dir, placement.loaded.module.name)
-        folder.mkdir(parents=True, exist_ok=True)
+        made_data_dir(
+            self.config.state_dir, placement.loaded.module.name, self.config.child_user, self.config.child_group
+        )
         return service_unit(
             placement,
             self.spec.name,
@@ -240,7 +241,7 @@ class ServiceHost:
         if self.choice.runs == "systemd":
             return SystemdService(placement, spec, self.config)
         module = placement.loaded.module.name
-        data_dir(self.config.state_dir, module).mkdir(parents=True, exist_ok=True)
+        made_data_dir(self.config.state_dir, module, self.config.child_user, self.config.child_group)
         child, prepare = child_of(placement, spec, self.config, self.run_id)
         service = ServiceSpec(
             module, spec.name, spec.language, child, self.config.restart, self.config.health.stop_grace_s, prepare

@@ -21,7 +21,7 @@ from launcher.step import run_step
 from manifests import BundleManifest
 from runtime.config import NodeConfig
 from runtime.hosting.children import child_of
-from runtime.hosting.placement import Placement, data_dir
+from runtime.hosting.placement import Placement, made_data_dir
 
 log = logging.getLogger("mesh.step")
 
@@ -88,7 +88,7 @@ async def _run_one(
     folder: str,
 ) -> None:
     module = placement.loaded.module
-    data_dir(config.state_dir, module.name).mkdir(parents=True, exist_ok=True)
+    made_data_dir(config.state_dir, module.name, config.child_user, config.child_group)
     child, prepare = child_of(placement, spec, config, run_id)
     if prepare is not None:
         try:

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import msgspec
 from nats.aio.client import Client
 
 from manifests import load_module
@@ -133,7 +132,9 @@ async def _deliver_and_call(
     if info is None:
         _print("smoke: the node did not come up within 30 s")
         return 1
-    nc = await connect(msgspec.structs.replace(NatsConfig(), url=info.url), "meshctl-smoke", quiet=True)
+    # The embedded bus has accounts: delivery and status as the mesh account, the calls as the operator's caller.
+    nc = await connect(_login(info.url, info.user, info.password_file), "meshctl-smoke", quiet=True)
+    caller = await connect(_login(info.url, info.caller_user, info.caller_password_file), "meshctl-smoke", quiet=True)
     try:
         paths = [p for name in sorted(artifacts) for p in artifacts[name]]
         await deliver(nc, paths, node_name, None, progress=lambda line: _print(f"  {line}"))
@@ -153,7 +154,7 @@ async def _deliver_and_call(
                 rows.append((language, name, "greet", failures[name], "-"))
                 ok = False
                 continue
-            body, why = await _call_until(nc, subject, b'{"name":"mesh"}', call_deadline)
+            body, why = await _call_until(caller, subject, b'{"name":"mesh"}', call_deadline)
             if body is None:
                 rows.append((language, name, "greet", f"NO ANSWER: {why}", "-"))
                 ok = False
@@ -161,7 +162,7 @@ async def _deliver_and_call(
             times = []
             for _ in range(20):
                 started = time.perf_counter()
-                await nc.request(subject, b'{"name":"mesh"}', timeout=5)
+                await caller.request(subject, b'{"name":"mesh"}', timeout=5)
                 times.append(time.perf_counter() - started)
             result = json.loads(body)
             text = " ".join(c.get("text", "") for c in result.get("content", []) if c.get("type") == "text")
@@ -185,7 +186,14 @@ async def _deliver_and_call(
         )
         return 0 if ok else 1
     finally:
+        await caller.close()
         await nc.close()
+
+
+def _login(url: str, user: str | None, password_file: str | None) -> NatsConfig:
+    """A login bus.json names (the node smoke started writes it, as this same user)."""
+    password = Path(password_file).read_text().strip() if password_file else None
+    return NatsConfig(url=url, user=user, password=password)
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> None:

@@ -1,4 +1,5 @@
-"""A node's control subjects: `mesh.node.<node>.status | restart | seat-move` (runtime/wire/control.py).
+"""A node's control subjects: `mesh.node.<node>.status | restart | seat-move` (runtime/wire/control.py);
+`callers` is runtime/node/callers.py.
 
 Only the mesh account reaches them (the accounts export the call subjects alone): an operator's
 meshctl, smoke, the tests.
@@ -34,6 +35,7 @@ class Control:
         self.modules, self.dispatcher = modules, dispatcher
         self._started = time.monotonic()
         self._subs: list[Subscription] = []
+        self.identity = ""  # whose word the callers' identity is (runtime/bus/trust.py), for status
 
     async def start(self) -> None:
         for verb, handler in ((STATUS, self._on_status), (RESTART, self._on_restart), (SEAT_MOVE, self._on_move)):
@@ -60,6 +62,7 @@ class Control:
             problems=modules.all_problems(),
             in_flight=self.dispatcher.in_flight,
             answered=self.dispatcher.answered,
+            identity=self.identity,
         )
 
     async def _on_status(self, msg: Msg) -> None:

@@ -8,7 +8,6 @@ modules (`Members`): each through its seam, none by calling back into the node.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from runtime.calls.desk import CallDesk
 from runtime.calls.routes import ModuleEntry, RouteTable
 from runtime.config import NodeConfig
 from runtime.hosting.children import runner_spec
-from runtime.hosting.placement import Placement, data_dir
+from runtime.hosting.placement import Placement, made_data_dir
 from runtime.hosting.services import ServiceHost
 from runtime.hosting.steps import StepFailed
 from runtime.node.changes import ChangeNotice
@@ -181,11 +180,8 @@ class ModuleHost(RunnerEvents):
             self.delivery_problems[module] = problem
 
     def _runner(self, placement: Placement, spec: BundleManifest) -> BundleRunner:
-        folder = data_dir(self.state_dir, placement.loaded.module.name)
-        folder.mkdir(parents=True, exist_ok=True)
-        if self.config.child_user:
-            # Children run as another user: their data folder is theirs, nothing else of the node's.
-            shutil.chown(folder, self.config.child_user, self.config.child_group)
+        # Children run as another user: their data folder is theirs, nothing else of the node's.
+        made_data_dir(self.state_dir, placement.loaded.module.name, self.config.child_user, self.config.child_group)
         return BundleRunner(runner_spec(placement, spec, self.config, self.run_id), events=self, reaper=self.reaper)
 
     # --- what it shows ---------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from runtime.bus.connect import BusError, connect, connect_lane, redact
 from runtime.bus.embedded import EmbeddedServer
 from runtime.bus.info import BusInfo, write_bus_info
 from runtime.bus.service_api import ServiceApi
+from runtime.bus.trust import BusTrust, ask_trust
 from runtime.calls.desk import CallDesk
 from runtime.calls.dispatch import Dispatcher
 from runtime.calls.identity import CallerStamp
@@ -37,12 +38,13 @@ from runtime.calls.tracing import Tracing
 from runtime.config import NatsConfig, NodeConfig
 from runtime.delivery.reconciler import Reconciler
 from runtime.hosting.placement import Placement
+from runtime.node.callers import Callers
 from runtime.node.changes import ChangeNotice
 from runtime.node.control import Control
 from runtime.node.metrics import MetricsServer, NodeParts, registry_of
 from runtime.node.modules import ModuleHost, Wiring
 from runtime.wire.control import NodeStatus
-from runtime.wire.identity import local_caller
+from runtime.wire.identity import Via, local_caller
 
 log = logging.getLogger("mesh.node")
 
@@ -79,6 +81,7 @@ class Serving:
     service: ServiceApi
     notice: ChangeNotice  # mesh.events.tools: what this node serves changed
     control: Control
+    callers: Callers  # the embedded bus's callers (meshctl caller)
 
     async def close(self) -> None:
         """After the children have stopped: the Service API goes, watchers hear the node leave."""
@@ -88,6 +91,7 @@ class Serving:
         await self.control.stop()
         if self.dispatcher.tracing is not None:
             await anyio.to_thread.run_sync(self.dispatcher.tracing.shutdown)  # what is left is exported
+        await self.callers.stop()
 
 
 class Node:
@@ -102,7 +106,8 @@ class Node:
         self.reaper = reaper or Reaper(self.run_id)
         self.serving: Serving | None = None  # while the bus answers
         self.metrics: MetricsServer | None = None  # /metrics, when [metrics] listen says where
-        self._accounts: EmbeddedAccounts | None = None  # the embedded bus's caller accounts, when configured
+        self._accounts: EmbeddedAccounts | None = None  # the embedded bus's accounts (it always has them)
+        self._embedded: EmbeddedServer | None = None
         self._stop = anyio.Event()
         self._ready = anyio.Event()
 
@@ -117,7 +122,7 @@ class Node:
         return self.serving.control.status() if self.serving is not None else None
 
     async def run(self, placements: list[Placement] | None = None) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._private_state()
         embedded: EmbeddedServer | None = None
         nats_cfg = self.config.nats
         if not nats_cfg.url:
@@ -146,22 +151,32 @@ class Node:
                 await embedded.stop()
             log.info("node %s stopped", self.name)
 
+    def _private_state(self) -> None:
+        """The state folder is the node's user's alone (0700): bus passwords, the bus's store, the
+        children's data. Children run as `child_user` must pass through it to their own folders
+        (0711: they may enter, not list; what is inside keeps its own mode)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        mode = 0o711 if self.config.child_user else 0o700
+        try:
+            os.chmod(self.state_dir, mode)
+        except OSError as e:  # not the node's own folder (another user's): said, not fatal
+            log.warning("could not make the state folder %s private (mode %o): %s", self.state_dir, mode, e.strerror)
+
     async def _embedded_bus(self) -> tuple[EmbeddedServer, NatsConfig]:
-        if self.config.nats.caller:
-            self._accounts = EmbeddedAccounts(self.state_dir, self.config.nats.caller)
-        accounts = self._accounts
-        embedded = EmbeddedServer(
-            self.state_dir,
-            self.name,
-            self.config.nats.embedded_port,
-            accounts.server_config() if accounts else None,
+        # The embedded bus always has accounts: no connection without credentials, callers stamped.
+        accounts = self._accounts = EmbeddedAccounts(self.state_dir, self.config.nats.caller)
+        if accounts.problem:
+            log.error("%s", accounts.problem)
+            self.problems.append(accounts.problem)
+        embedded = self._embedded = EmbeddedServer(
+            self.state_dir, self.name, self.config.nats.embedded_port, accounts.server_config()
         )
         await embedded.start()
         self.url = embedded.url
-        nats_cfg = msgspec.structs.replace(self.config.nats, url=embedded.url)
-        if accounts is not None:
-            nats_cfg = msgspec.structs.replace(nats_cfg, user=accounts.mesh_user, password=accounts.mesh_password)
-            log.info("%s", accounts.summary())
+        nats_cfg = msgspec.structs.replace(
+            self.config.nats, url=embedded.url, user=accounts.mesh_user, password=accounts.mesh_password
+        )
+        log.info("%s", accounts.summary())
         log.info(
             "embedded NATS server (JetStream on) listening on %s, state in %s", embedded.url, self.state_dir / "nats"
         )
@@ -207,17 +222,13 @@ class Node:
                     refused.append(e)
                     nc = None
                 if nc is not None:
-                    accounts = self._accounts
-                    info = BusInfo(
-                        url=self.url,
-                        node=self.name,
-                        pid=os.getpid(),
-                        embedded=not self.config.nats.url,
-                        user=accounts.mesh_user if accounts else None,
-                        password_file=str(accounts.mesh_password_file) if accounts else None,
-                    )
-                    write_bus_info(self.state_dir, info)  # without credentials, 0600
-                    await self._serve_bus(nc, nats_cfg, modules, placements)
+                    trust = await ask_trust(nc)
+                    if trust.stamped:
+                        log.info("caller identity: %s", trust.summary)
+                    else:
+                        log.warning("caller identity: %s", trust.summary)
+                    write_bus_info(self.state_dir, self._bus_info())  # without credentials, 0600
+                    await self._serve_bus(nc, nats_cfg, modules, placements, trust)
             finally:
                 with anyio.CancelScope(shield=True):
                     await modules.stop_all()
@@ -226,10 +237,39 @@ class Node:
         if self.serving is not None:
             await self.serving.close()
 
-    def _serving(self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost) -> Serving:
+    def _bus_info(self) -> BusInfo:
+        """bus.json: where the bus is and, for the embedded one, which file holds which login."""
+        accounts = self._accounts
+        if accounts is None:
+            return BusInfo(url=self.url, node=self.name, pid=os.getpid(), embedded=False)
+        return BusInfo(
+            url=self.url,
+            node=self.name,
+            pid=os.getpid(),
+            embedded=True,
+            user=accounts.mesh_user,
+            password_file=str(accounts.mesh_password_file),
+            caller_user=accounts.local.user,
+            caller_password_file=str(accounts.local.password_file),
+            face_user=accounts.face.user,
+            face_password_file=str(accounts.face.password_file),
+        )
+
+    def _delegates(self) -> dict[tuple[str, str | None], Via]:
+        """The config's delegates, and the embedded bus's own (its face, added delegates)."""
+        listed = self.config.identity.listed()
+        if self._accounts is not None:
+            listed.update(self._accounts.delegates())
+        return listed
+
+    def _serving(self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, trust: BusTrust) -> Serving:
         desk = CallDesk(nc, self.config.calls)
-        identity = self.config.identity
-        stamp = CallerStamp(local_caller(identity.local), frozenset(identity.mcp_faces))
+        stamp = CallerStamp(
+            local_caller(self.config.identity.local),
+            self._delegates(),
+            stamped=trust.stamped,
+            operator=self._accounts.operator if self._accounts is not None else None,
+        )
         tracing = Tracing.from_environment(self.name)  # None unless OTEL_TRACES_EXPORTER asks for traces
         dispatcher = Dispatcher(nc, modules.table, self.name, desk, stamp, tracing)
         service = ServiceApi(
@@ -245,18 +285,22 @@ class Node:
         )
         notice = ChangeNotice(nc, self.name, service.id)
         control = Control(nc, self.name, self.url, modules, dispatcher)
-        return Serving(nc, desk, dispatcher, service, notice, control)
+        control.identity = trust.summary
+        bus = (self._accounts, self._embedded) if self._accounts is not None and self._embedded is not None else None
+        callers = Callers(nc, self.name, self.url, bus, lambda _: stamp.set_delegates(self._delegates()))
+        return Serving(nc, desk, dispatcher, service, notice, control, callers)
 
     async def _serve_bus(
-        self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, placements: list[Placement]
+        self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, placements: list[Placement], trust: BusTrust
     ) -> None:
-        serving = self.serving = self._serving(nc, nats_cfg, modules)
+        serving = self.serving = self._serving(nc, nats_cfg, modules, trust)
         async with anyio.create_task_group() as watchers_tg:
             await serving.service.start()
             watchers_tg.start_soon(serving.notice.run)
             await serving.desk.start(self.config.queue_group)
             modules.wire(Wiring(nc, serving.service, serving.desk, serving.notice))
             await serving.control.start()
+            await serving.callers.start()
             # Every child starts at once; the seats (one lease look each) follow.
             for placement in placements:
                 await modules.add_module(placement, claim_seats=False)

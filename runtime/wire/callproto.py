@@ -14,7 +14,7 @@ from typing import Mapping
 import msgspec
 
 from runtime.wire.errors import BadRequest
-from runtime.wire.identity import REQUEST_INFO, CallerError, caller_from_info
+from runtime.wire.identity import MAX_PERSON_BYTES, PERSON, REQUEST_INFO, CallerError, caller_from_info
 from runtime.wire.subjects import CALLS_BUCKET
 
 # --- request headers (caller -> node) --------------------------------------------------------
@@ -22,7 +22,8 @@ CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.
 TIMEOUT_MS = "Mesh-Timeout-Ms"  # the caller's deadline; shortens the bundle's timeout, never lengthens it
 PROGRESS = "Mesh-Progress"  # "1": progress and keepalive frames on the reply subject
 REQUEST_OBJECT = "Mesh-Request-Object"  # the arguments are in this object of the calls bucket
-KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT)
+# PERSON (runtime/wire/identity.py): the person behind a delegate's call; read by the caller stamp.
+KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT, PERSON)
 
 
 # --- reply headers (node -> caller) ---------------------------------------------------------
@@ -40,7 +41,7 @@ DEFAULT_BUCKET = CALLS_BUCKET
 REQUEST_OBJECT_PREFIX = "req."
 RESULT_OBJECT_PREFIX = "res."
 
-MAX_VALUE = 256  # bytes of one Mesh-* header value
+MAX_VALUE = 256  # bytes of one Mesh-* header value (Mesh-Person: MAX_PERSON_BYTES)
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_REASON = 200  # characters of a cancel's reason passed on to the child
 
@@ -81,6 +82,7 @@ class CallOptions(msgspec.Struct):
     progress: bool = False
     request_object: str | None = None
     account: str | None = None
+    person: str | None = None  # Mesh-Person as sent; the caller stamp decides whether it is believed
 
     def timeout_for(self, bundle_timeout_ms: int) -> int:
         """The call's deadline: the caller's when it is shorter, else the bundle's cap."""
@@ -119,10 +121,9 @@ def parse_headers(subject: str, headers: Mapping[str, str], has_body: bool) -> C
                 f"unknown header {key[:64]!r}; the call protocol knows {', '.join(KNOWN)} (see docs/bus.md)",
                 field=f"header {key[:64]}",
             )
-        if len(given) > MAX_VALUE:
-            raise BadRequest(
-                subject, f"header {name} is {len(given)} bytes; at most {MAX_VALUE}", field=f"header {name}"
-            )
+        limit = MAX_PERSON_BYTES if name == PERSON else MAX_VALUE
+        if len(given) > limit:
+            raise BadRequest(subject, f"header {name} is {len(given)} bytes; at most {limit}", field=f"header {name}")
         found[name] = given.strip()
     if not found:
         return None
@@ -169,6 +170,7 @@ def parse_headers(subject: str, headers: Mapping[str, str], has_body: bool) -> C
                 field=f"header {REQUEST_OBJECT}",
             )
         opts.request_object = value
+    opts.person = found.get(PERSON)
     try:
         opts.account = request_account(headers)
     except ValueError as e:

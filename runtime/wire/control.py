@@ -1,4 +1,4 @@
-"""A node's control subjects, typed: `mesh.node.<node>.status | restart | seat-move` (mesh account only).
+"""A node's control subjects, typed: `mesh.node.<node>.status | restart | seat-move | callers` (mesh account only).
 
 The node answers them (runtime/node/control.py); meshctl, smoke and the tests ask them. Each reply
 is a msgspec struct, read back as one: a missing field is an error at the edge, not a default.
@@ -12,6 +12,9 @@ from launcher.status import BundleStatus
 
 __all__ = [
     "BundleStatus",
+    "CallerRow",
+    "CallersAsk",
+    "CallersReply",
     "ModuleStatus",
     "NodeStatus",
     "RestartAsk",
@@ -48,6 +51,9 @@ class NodeStatus(msgspec.Struct):
     problems: list[str]
     in_flight: int
     answered: int
+    # Whose word the caller a tool sees is (runtime/bus/trust.py): "server-stamped: ..." or
+    # "unverified: ... every caller is local".
+    identity: str = ""
 
     def bundle(self, key: str) -> BundleStatus | None:
         """The bundle `module/bundle`, if this node runs it."""
@@ -76,4 +82,30 @@ class SeatMoveReply(msgspec.Struct, omit_defaults=True):
     from_node: str = msgspec.field(default="", name="from")
     to: str = ""
     object: str = ""  # where the packed data waits in the seat data bucket
+    error: str = ""
+
+
+class CallerRow(msgspec.Struct, frozen=True):
+    """One user of the embedded bus as `meshctl caller list` shows it."""
+
+    account: str
+    user: str
+    kind: str  # operator | face | config | added
+    via: str  # what the node marks its calls: bus, local, mcp or console
+    password_file: str  # "" when its password is in the node's config
+
+
+class CallersAsk(msgspec.Struct):
+    """`meshctl caller add/remove/list`: the embedded bus's callers, changed by the node that runs it."""
+
+    op: str = "list"  # list | add | remove
+    user: str = ""
+    account: str = ""  # add: the caller's account; "" the same as the user
+    via: str = ""  # add: "mcp" or "console" for a delegate; "" an ordinary caller
+
+
+class CallersReply(msgspec.Struct, omit_defaults=True):
+    ok: bool
+    callers: list[CallerRow] = []
+    changed: CallerRow | None = None  # the caller added or removed
     error: str = ""

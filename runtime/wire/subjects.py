@@ -24,7 +24,8 @@ NODE_PREFIX = "mesh.node."
 STATUS = "status"
 RESTART = "restart"
 SEAT_MOVE = "seat-move"
-CONTROL_VERBS = (STATUS, RESTART, SEAT_MOVE)
+CALLERS = "callers"  # the embedded bus's callers (meshctl caller add/remove/list)
+CONTROL_VERBS = (STATUS, RESTART, SEAT_MOVE, CALLERS)
 
 # --- JetStream buckets ------------------------------------------------------------------------
 MEMBERSHIP_BUCKET = "mesh-membership"  # KV: a node's modules and seats (delivery)

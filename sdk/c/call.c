@@ -157,6 +157,32 @@ static const char *caller_text(json_t *fields, const char *key, int optional, co
     return NULL;
 }
 
+/* Append `text` escaped ('%', '/', ':' as %25, %2F, %3A: every SDK's rule) at out[*at]; the
+ * buffer is sized for the longest two fields (internal.h). */
+static void put_escaped(char *out, size_t *at, const char *text) {
+    static const char hex[] = "0123456789ABCDEF";
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (*p == '%' || *p == '/' || *p == ':') {
+            out[(*at)++] = '%';
+            out[(*at)++] = hex[*p >> 4];
+            out[(*at)++] = hex[*p & 15];
+        } else {
+            out[(*at)++] = (char)*p;
+        }
+    }
+    out[*at] = '\0';
+}
+
+static void put_text(char *out, size_t *at, const char *text) {
+    size_t n = strlen(text);
+    memcpy(out + *at, text, n + 1);
+    *at += n;
+}
+
+static int is_delegate(const char *via) {
+    return !strcmp(via, "mcp") || !strcmp(via, "console");
+}
+
 static void read_caller(mesh_result *r, json_t *meta) {
     json_t *fields = json_object_get(meta, "mesh/caller");
     if (!fields) return;
@@ -169,16 +195,39 @@ static void read_caller(mesh_result *r, json_t *meta) {
     const char **slots[] = {&c->account, &c->user, &c->name};
     const char *key = NULL, *why = NULL;
     for (size_t i = 0; !why && i < 3; i++) why = caller_text(fields, key = keys[i], i > 0, slots[i]);
-    if (!why && strchr(c->account, '/')) why = "holds a /";
     c->via = json_string_value(json_object_get(fields, "via"));
-    if (!why && !(c->via && (!strcmp(c->via, "bus") || !strcmp(c->via, "local") || !strcmp(c->via, "mcp"))))
-        key = "via", why = "is not one of bus, local, mcp";
+    if (!why && !(c->via && (!strcmp(c->via, "bus") || !strcmp(c->via, "local") || is_delegate(c->via))))
+        key = "via", why = "is not one of bus, local, mcp, console";
+    c->person = NULL;
+    json_t *person = json_object_get(fields, "person");
+    if (!why && person && !json_is_null(person)) {
+        struct mesh_person *p = &r->person_storage;
+        static const char *const pkeys[] = {"person.iss", "person.sub", "person.name"};
+        const char **pslots[] = {&p->iss, &p->sub, &p->name};
+        if (!is_delegate(c->via)) key = "person", why = "comes only with via mcp or console";
+        else if (!json_is_object(person)) key = "person", why = "is not an object";
+        for (size_t i = 0; !why && i < 3; i++)
+            why = caller_text(person, pkeys[i] + 7, 0, pslots[i]), key = pkeys[i];
+        if (!why) c->person = p;
+    }
     if (why) {
         mesh_log(MESH_WARN, "mesh/caller is malformed: %s %s; the handler gets no caller", key, why);
         return;
     }
-    snprintf(r->caller_id, sizeof r->caller_id, c->user ? "%s/%s" : "%s", c->account, c->user);
-    c->id = r->caller_id;
+    size_t at = 0;
+    char *id = r->caller_id;
+    id[0] = '\0';
+    if (c->person) {
+        put_text(id, &at, "person:");
+        put_escaped(id, &at, c->person->iss);
+        put_text(id, &at, "/");
+        put_escaped(id, &at, c->person->sub);
+    } else {
+        if (!strcmp(c->via, "local")) put_text(id, &at, "local:");
+        put_escaped(id, &at, c->account);
+        if (c->user) put_text(id, &at, "/"), put_escaped(id, &at, c->user);
+    }
+    c->id = id;
     r->caller = c;
 }
 

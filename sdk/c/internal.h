@@ -41,7 +41,9 @@ struct mesh_result {
     int cancelled;
     const struct mesh_caller *caller; /* &caller_storage, or NULL */
     struct mesh_caller caller_storage;
-    char caller_id[2 * MESH_CALLER_FIELD_MAX + 2];
+    struct mesh_person person_storage;
+    /* "person:" or "local:", two names escaped (each byte at most 3), the "/" and the NUL. */
+    char caller_id[8 + 6 * MESH_CALLER_FIELD_MAX + 2];
 };
 
 /* Out of memory has no useful recovery in a tools child: say so and let the runtime restart it. */

@@ -52,7 +52,14 @@ void mesh_result_structured(mesh_result *result, json_t *object);
  * A handler's `result` also stands for its call: pass it to these, from the handler's own
  * thread, while the handler runs (the loop is single-threaded and holds no locks). */
 
-#define MESH_CALLER_FIELD_MAX 256 /* longest account, user or name accepted, in bytes */
+#define MESH_CALLER_FIELD_MAX 256 /* longest account, user, name or person field accepted, in bytes */
+
+/* The human behind a delegate's call (an MCP face, a console), as the delegate named them. */
+struct mesh_person {
+    const char *iss;  /* who vouched for them: an OAuth issuer, or "unix:<host>" for an OS user */
+    const char *sub;  /* their subject there */
+    const char *name; /* shown to people */
+};
 
 /* Who is calling, as the node took it from the NATS server-stamped request info. The strings
  * live as long as the call. */
@@ -60,14 +67,19 @@ struct mesh_caller {
     const char *account; /* never NULL */
     const char *user;    /* NULL when the account's import does not share it */
     const char *name;    /* NULL when not known */
-    const char *via;     /* "bus", "local" or "mcp" */
-    const char *id;      /* "<account>/<user>", or "<account>" without a user: the author/owner key */
+    const char *via;     /* "bus", "local", "mcp" or "console" */
+    const struct mesh_person *person; /* a delegate's person (via "mcp" or "console"), else NULL */
+    /* The author/owner key: the person's when a delegate named one ("person:<iss>/<sub>"), else
+     * "<account>/<user>" ("<account>" without a user), "local:" before it for the node's own
+     * caller; names escaped ('%', '/', ':' as %25, %2F, %3A) so no two callers share one. */
+    const char *id;
 };
 
 /* The caller from the call's _meta["mesh/caller"], or NULL when there is none (a bundle run by
- * hand) or it is malformed (logged as a warning): account must be a non-empty string without
- * '/', user and name non-empty strings or null, none longer than MESH_CALLER_FIELD_MAX bytes or
- * holding control characters, via one of the three. Never take identity from the arguments. */
+ * hand) or it is malformed (logged as a warning): account a non-empty string, user and name
+ * non-empty strings or null, none longer than MESH_CALLER_FIELD_MAX bytes or holding control
+ * characters, via one of the four; a person only with via mcp or console, its iss, sub and name
+ * such strings. Never take identity from the arguments. */
 const struct mesh_caller *mesh_call_caller(const mesh_result *call);
 
 /* 1 once the caller cancelled this call (notifications/cancelled), else 0. The loop cannot read

@@ -17,19 +17,38 @@ const CallerMetaKey = "mesh/caller"
 // the node's local identity). A module takes an author or owner only from here, never from the
 // call's arguments, which any caller can fill with any name.
 type Caller struct {
-	Account string // the caller's NATS account; never empty
-	User    string // the user in that account; "" when the node sent null
-	Name    string // the client's connection name; "" when the node sent null
-	Via     string // "bus", "local" or "mcp"
+	Account string  // the caller's NATS account; never empty
+	User    string  // the user in that account; "" when the node sent null
+	Name    string  // the client's connection name; "" when the node sent null
+	Via     string  // "bus", "local", "mcp" or "console"
+	Person  *Person // the person behind a delegate's call (via "mcp" or "console"); nil otherwise
 }
 
-// ID is the caller's stable key, "<account>/<user>", or "<account>" when there is no user.
-// Modules use it as the owner or author of what a call creates.
+// Person is the human behind a delegate's call (an MCP face, a console), as the delegate named them.
+type Person struct {
+	Iss  string `json:"iss"`  // who vouched for them: an OAuth issuer, or "unix:<host>" for an OS user
+	Sub  string `json:"sub"`  // their subject at that issuer
+	Name string `json:"name"` // shown to people
+}
+
+// escape writes a name as it stands in an id: "%", "/" and ":" percent-encoded (every SDK's rule).
+var escaper = strings.NewReplacer("%", "%25", "/", "%2F", ":", "%3A")
+
+// ID is the stable key of whoever acts on the call (author, owner): the person's when a delegate
+// named one ("person:<iss>/<sub>"), else "<account>/<user>" ("<account>" without a user), with
+// "local:" before it for the node's own caller. Names are escaped, so no two callers share an id.
 func (c *Caller) ID() string {
-	if c.User == "" {
-		return c.Account
+	if c.Person != nil {
+		return "person:" + escaper.Replace(c.Person.Iss) + "/" + escaper.Replace(c.Person.Sub)
 	}
-	return c.Account + "/" + c.User
+	id := escaper.Replace(c.Account)
+	if c.User != "" {
+		id += "/" + escaper.Replace(c.User)
+	}
+	if c.Via == "local" {
+		return "local:" + id
+	}
+	return id
 }
 
 // MarshalJSON writes the wire form, with null for an absent user or name, so a caller echoed
@@ -40,7 +59,8 @@ func (c Caller) MarshalJSON() ([]byte, error) {
 		User    *string `json:"user"`
 		Name    *string `json:"name"`
 		Via     string  `json:"via"`
-	}{c.Account, nullable(c.User), nullable(c.Name), c.Via})
+		Person  *Person `json:"person,omitempty"`
+	}{c.Account, nullable(c.User), nullable(c.Name), c.Via, c.Person})
 }
 
 func nullable(s string) *string {
@@ -50,14 +70,15 @@ func nullable(s string) *string {
 	return &s
 }
 
-// MaxCallerFieldBytes is the longest account, user or name accepted, in UTF-8 bytes.
+// MaxCallerFieldBytes is the longest account, user, name or person field accepted, in UTF-8 bytes.
 const MaxCallerFieldBytes = 256
 
 // ParseCaller reads a caller from a call's _meta. It returns (nil, nil) when there is none (a
 // bundle run by hand, or a node that does not send one) and an error saying what is wrong when
 // the value is malformed; it never panics, whatever the value holds. The rules are every SDK's:
-// account a non-empty string without "/", user and name non-empty strings or null, each at most
-// 256 bytes without control characters, via one of "bus", "local", "mcp".
+// account a non-empty string, user and name non-empty strings or null, each at most 256 bytes
+// without control characters, via one of "bus", "local", "mcp", "console"; a person (only with
+// via "mcp" or "console") an object of iss, sub and name, each such a string.
 func ParseCaller(meta map[string]any) (*Caller, error) {
 	raw, ok := meta[CallerMetaKey]
 	if !ok {
@@ -82,15 +103,41 @@ func ParseCaller(meta map[string]any) (*Caller, error) {
 		}
 		*f.to = value.(string)
 	}
-	if strings.Contains(c.Account, "/") {
-		return nil, fmt.Errorf("%s is malformed: account %q holds a /, which separates account and user in an id", CallerMetaKey, c.Account)
-	}
 	via, _ := obj["via"].(string)
-	if via != "bus" && via != "local" && via != "mcp" {
-		return nil, fmt.Errorf("%s is malformed: via is %#v, not one of \"bus\", \"local\", \"mcp\"", CallerMetaKey, obj["via"])
+	if via != "bus" && via != "local" && via != "mcp" && via != "console" {
+		return nil, fmt.Errorf("%s is malformed: via is %#v, not one of \"bus\", \"local\", \"mcp\", \"console\"", CallerMetaKey, obj["via"])
 	}
 	c.Via = via
+	if raw, present := obj["person"]; present && raw != nil {
+		person, err := parsePerson(raw, via)
+		if err != nil {
+			return nil, fmt.Errorf("%s is malformed: %w", CallerMetaKey, err)
+		}
+		c.Person = person
+	}
 	return c, nil
+}
+
+func parsePerson(raw any, via string) (*Person, error) {
+	if via != "mcp" && via != "console" {
+		return nil, fmt.Errorf("a person comes only with via \"mcp\" or \"console\", not %q", via)
+	}
+	obj, ok := raw.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("person is a %T, not an object {iss, sub, name}", raw)
+	}
+	p := &Person{}
+	for _, f := range []struct {
+		key string
+		to  *string
+	}{{"iss", &p.Iss}, {"sub", &p.Sub}, {"name", &p.Name}} {
+		value, present := obj[f.key]
+		if problem := fieldProblem(value, present); problem != "" {
+			return nil, fmt.Errorf("person.%s %s", f.key, problem)
+		}
+		*f.to = value.(string)
+	}
+	return p, nil
 }
 
 // fieldProblem says why value is not a caller field ("" when it is one).

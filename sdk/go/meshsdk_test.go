@@ -188,11 +188,11 @@ func TestAddToolRefusesBadName(t *testing.T) {
 
 func TestParseCaller(t *testing.T) {
 	c, err := ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "ALICE", "user": "alice", "name": "a-client", "via": "bus"}})
-	if err != nil || *c != (Caller{"ALICE", "alice", "a-client", "bus"}) || c.ID() != "ALICE/alice" {
+	if err != nil || *c != (Caller{"ALICE", "alice", "a-client", "bus", nil}) || c.ID() != "ALICE/alice" {
 		t.Fatalf("ParseCaller = %+v, %v", c, err)
 	}
 	c, err = ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "BOB", "user": nil, "name": nil, "via": "local"}})
-	if err != nil || c.ID() != "BOB" {
+	if err != nil || c.ID() != "local:BOB" {
 		t.Fatalf("ParseCaller without user = %+v, %v", c, err)
 	}
 	if wire, _ := json.Marshal(c); string(wire) != `{"account":"BOB","user":null,"name":null,"via":"local"}` {
@@ -210,12 +210,34 @@ func TestParseCaller(t *testing.T) {
 	if c, err := ParseCaller(map[string]any{CallerMetaKey: map[string]any{"account": "BOB", "via": "bus"}}); err != nil || c.ID() != "BOB" {
 		t.Fatalf("a caller without user and name keys: %+v, %v", c, err)
 	}
+	// One id per caller: names escaped, the local caller and a person apart from every bus caller.
+	person := &Person{"https://idp.example/", "alice", "Alice"}
+	for _, tc := range []struct {
+		c    Caller
+		want string
+	}{
+		{Caller{Account: "a", User: "b/c", Via: "bus"}, "a/b%2Fc"},
+		{Caller{Account: "a/b", User: "c", Via: "bus"}, "a%2Fb/c"},
+		{Caller{Account: "local:ops", Via: "bus"}, "local%3Aops"},
+		{Caller{Account: "ops", Via: "local"}, "local:ops"},
+		{Caller{Account: "faces", User: "mesh-mcp", Via: "mcp", Person: person}, "person:https%3A%2F%2Fidp.example%2F/alice"},
+	} {
+		if got := tc.c.ID(); got != tc.want {
+			t.Errorf("%+v.ID() = %q, want %q", tc.c, got, tc.want)
+		}
+	}
+	withPerson := map[string]any{"account": "faces", "user": "f", "name": nil, "via": "console", "person": map[string]any{"iss": "i", "sub": "s", "name": "n"}}
+	if c, err := ParseCaller(map[string]any{CallerMetaKey: withPerson}); err != nil || c.Person == nil || *c.Person != (Person{"i", "s", "n"}) || c.ID() != "person:i/s" {
+		t.Fatalf("a delegate's caller with a person: %+v, %v", c, err)
+	}
 	malformed := []any{
 		nil, "ALICE", 7, []any{"ALICE"}, map[string]any{},
 		map[string]any{"user": "alice", "via": "bus"},
 		map[string]any{"account": "", "via": "bus"},
 		map[string]any{"account": 3, "via": "bus"},
-		map[string]any{"account": "A/B", "via": "bus"},
+		map[string]any{"account": "A", "via": "bus", "person": map[string]any{"iss": "i", "sub": "s", "name": "n"}},
+		map[string]any{"account": "A", "via": "mcp", "person": map[string]any{"iss": "i", "sub": "s"}},
+		map[string]any{"account": "A", "via": "mcp", "person": "alice"},
 		map[string]any{"account": "A", "user": 5, "via": "bus"},
 		map[string]any{"account": "A", "user": "", "via": "bus"},
 		map[string]any{"account": "A", "user": longest + "x", "via": "bus"},

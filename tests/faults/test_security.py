@@ -241,9 +241,10 @@ async def test_tls_with_client_certificates(tmp_path: Path, stack: Stack) -> Non
 
 # --- 6. bus permissions --------------------------------------------------------------------------
 # What a node needs: its subjects, the Service API, replies to inboxes, JetStream (membership KV,
-# object store, ordered consumers' flow control).
+# object store, ordered consumers' flow control), and the server's word on its own account and
+# permissions at start ($SYS.REQ.USER.INFO, runtime/bus/trust.py).
 NODE_PERMISSIONS = (
-    'publish: ["mesh.>", "$SRV.>", "_INBOX.>", "$JS.>", "$KV.>", "$O.>"], '
+    'publish: ["mesh.>", "$SRV.>", "_INBOX.>", "$JS.>", "$KV.>", "$O.>", "$SYS.REQ.USER.INFO"], '
     'subscribe: ["mesh.>", "$SRV.>", "_INBOX.>", "$KV.>", "$O.>"]'
 )
 

@@ -2,7 +2,8 @@
 over real stdio against a child that has three fixture tools:
 
 - `whoami`: returns `{"caller": <the Caller it saw, or null>}` as structured content, where a
-  Caller is `{"account", "user", "name", "via", "id"}`;
+  Caller is `{"account", "user", "name", "via", "id", "person"}` (`person` null or `{"iss", "sub",
+  "name"}`);
 - `wait_cancel` `{"marker": path}`: writes "started" to the marker file, waits until its call is
   cancelled (at most ~30 s), then appends "cancelled" (the side channel; its result must never
   be sent);
@@ -36,11 +37,35 @@ MALFORMED_CALLERS: list[Any] = [
     {},
     {"account": "ALICE", "via": "bus", "user": 7},
     {"account": "", "user": None, "name": None, "via": "bus"},
-    {"account": "A/B", "user": None, "name": None, "via": "bus"},
     {"account": "ALICE", "user": "x" * 257, "name": None, "via": "bus"},
     {"account": "ALICE", "user": None, "name": "line\nbreak", "via": "bus"},
     {"account": "ALICE", "user": None, "name": None, "via": "carrier-pigeon"},
     {"account": "ALICE", "user": None, "name": None},
+    # A person only with a delegate's channel, and only a whole one.
+    {"account": "F", "user": "f", "name": None, "via": "bus", "person": {"iss": "i", "sub": "s", "name": "n"}},
+    {"account": "F", "user": "f", "name": None, "via": "mcp", "person": "alice"},
+    {"account": "F", "user": "f", "name": None, "via": "mcp", "person": {"iss": "i", "sub": "s"}},
+    {"account": "F", "user": "f", "name": None, "via": "mcp", "person": {"iss": "", "sub": "s", "name": "n"}},
+    {"account": "F", "user": "f", "name": None, "via": "console", "person": {"iss": "i", "sub": 7, "name": "n"}},
+    {"account": "F", "user": "f", "name": None, "via": "mcp", "person": {"iss": "i", "sub": "s\n", "name": "n"}},
+]
+# One id per caller, whatever its names hold (the escaping rule of runtime/wire/identity.py).
+ID_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"account": "a", "user": "b/c", "name": None, "via": "bus"}, "a/b%2Fc"),
+    ({"account": "a/b", "user": "c", "name": None, "via": "bus"}, "a%2Fb/c"),
+    ({"account": "local:ops", "user": None, "name": None, "via": "bus"}, "local%3Aops"),
+    ({"account": "ops", "user": None, "name": None, "via": "local"}, "local:ops"),
+    ({"account": "ops", "user": "x%2F", "name": None, "via": "local"}, "local:ops/x%252F"),
+    (
+        {
+            "account": "faces",
+            "user": "mesh-mcp",
+            "name": "meshctl-mcp",
+            "via": "mcp",
+            "person": {"iss": "https://idp.example/", "sub": "alice", "name": "Alice"},
+        },
+        "person:https%3A%2F%2Fidp.example%2F/alice",
+    ),
 ]
 
 
@@ -105,10 +130,28 @@ class Wire:
         self.send({"method": "notifications/initialized"})
 
 
-def expected(caller: dict[str, Any]) -> dict[str, Any]:
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("/", "%2F").replace(":", "%3A")
+
+
+def expected_id(caller: dict[str, Any]) -> str:
+    person = caller.get("person")
+    if person:
+        return f"person:{_escape(person['iss'])}/{_escape(person['sub'])}"
     user = caller.get("user")
-    ident = f"{caller['account']}/{user}" if user else caller["account"]
-    return {"account": caller["account"], "user": user, "name": caller.get("name"), "via": caller["via"], "id": ident}
+    base = f"{_escape(caller['account'])}/{_escape(user)}" if user else _escape(caller["account"])
+    return f"local:{base}" if caller["via"] == "local" else base
+
+
+def expected(caller: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "account": caller["account"],
+        "user": caller.get("user"),
+        "name": caller.get("name"),
+        "via": caller["via"],
+        "id": expected_id(caller),
+        "person": caller.get("person"),
+    }
 
 
 def caller_seen(wire: Wire, ident: int, arguments: dict[str, Any], meta: dict[str, Any] | None) -> Any:
@@ -128,6 +171,10 @@ def check_caller(wire: Wire) -> None:
     assert caller_seen(wire, 2, {}, {"mesh/caller": local}) == expected(local)
     bare = {"account": "BOB", "via": "bus"}  # an import without `share`: no user, no name
     assert caller_seen(wire, 6, {}, {"mesh/caller": bare}) == {**expected(bare), "id": "BOB"}
+    assert expected(local)["id"] == "local:MESH"  # the node's own caller never shares a bus caller's id
+    for n, (case, ident) in enumerate(ID_CASES):
+        seen = caller_seen(wire, 200 + n, {}, {"mesh/caller": case})
+        assert seen == expected(case) and seen["id"] == ident, (case, seen)
     assert caller_seen(wire, 3, {"caller": FORGED}, None) is None, "a caller forged in the arguments was believed"
     assert caller_seen(wire, 4, {}, {"progressToken": "p"}) is None
     for n, bad in enumerate(MALFORMED_CALLERS):

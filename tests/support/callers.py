@@ -1,10 +1,13 @@
 """Test support for calls by caller accounts: a nats-server with the mesh account (the nodes')
 and two caller accounts importing its services with `share: true` (runtime/bus/accounts.py writes
 the block), a node on it, and a connection per caller. The server stamps every request from a
-caller account with `Nats-Request-Info`; the node passes exactly that to the child."""
+caller account with `Nats-Request-Info`; the node passes exactly that to the child. The mesh
+account's users may not publish a call at all (so none can write a stamp of its own):
+`mesh_cannot_call` shows the server refusing one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -57,3 +60,19 @@ async def connect_as(server: ConfiguredServer, user: str | None) -> Client:
     if user is None:
         return await nats.connect(server.url, user=MESH_USER, password=MESH_PASSWORD, name="ops-client")
     return await nats.connect(server.url, user=user, password=PASSWORDS[user], name=f"{user}-client")
+
+
+async def mesh_cannot_call(server: ConfiguredServer, subject: str, headers: dict[str, str] | None = None) -> str:
+    """Publish a call from the mesh account; the server's refusal, as the client was told it."""
+    refused: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(e: Exception) -> None:
+        refused.put_nowait(str(e))
+
+    nc = await nats.connect(server.url, user=MESH_USER, password=MESH_PASSWORD, error_cb=on_error)
+    try:
+        await nc.publish(subject, b"{}", reply=nc.new_inbox(), headers=headers)
+        await nc.flush()
+        return await asyncio.wait_for(refused.get(), 5)
+    finally:
+        await nc.close()

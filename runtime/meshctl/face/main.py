@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from runtime.meshctl.errors import MeshError
 from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
-from runtime.meshctl.settings import client_config
+from runtime.meshctl.settings import login
+from runtime.wire.identity import Person, os_user
 
 CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
 
@@ -31,6 +33,12 @@ def _address(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise MeshError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
     return host or "127.0.0.1", int(port)
+
+
+def os_person() -> Person:
+    """The OS user running this face, as a person: issued by this machine (`unix:<host>`)."""
+    user = os_user()
+    return Person(iss=f"unix:{socket.gethostname()}", sub=user, name=user)
 
 
 def event_loop_options() -> dict[str, bool]:
@@ -52,14 +60,19 @@ def run_mcp(args: argparse.Namespace) -> int:
         security = http_security(address[0], args.allow_origin) if address is not None else None
     except FaceError as e:
         raise MeshError(str(e)) from None
-    cfg, _ = client_config(args)
+    # Never the mesh account: the node's OS user gets the embedded bus's face user (a delegate).
+    found = login(args, "face")
+    cfg = found.cfg
+    # Over stdio the person behind every call is the OS user who started the face; only a
+    # delegate may pass one (the node refuses it from anyone else).
+    person = os_person() if address is None and (found.delegate or args.delegate) else None
 
     async def run() -> int:
         try:
             nc = await connect(cfg, CLIENT_NAME, quiet=True)
         except BusError as e:
             raise MeshError(str(e)) from None
-        face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait)
+        face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait, person=person)
         try:
             if args.list:
                 await face.refresh()

@@ -33,6 +33,7 @@ from runtime.client import CallError, MeshClient
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.wire.callproto import ProgressFrame
 from runtime.wire.events import ChangeEvent
+from runtime.wire.identity import Person
 from runtime.wire.subjects import CHANGES_SUBJECT
 
 log = logging.getLogger("mesh.face")
@@ -104,8 +105,10 @@ class Face:
         info_wait_s: float = INFO_WAIT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
         look_again_s: float = LOOK_AGAIN_S,
+        person: Person | None = None,
     ) -> None:
         self.nc, self.catalog = nc, catalog
+        self.person = person  # who is behind every call of this face (stdio: the OS user who started it)
         self.page_size, self.info_wait_s = page_size, info_wait_s
         self.call_timeout_s, self.look_again_s = call_timeout_s, look_again_s
         self.client = MeshClient(nc)
@@ -217,10 +220,11 @@ class Face:
                 "503: the face is not connected to the bus (it keeps reconnecting); try again in a moment, "
                 "or check the NATS server and `meshctl mcp --nats`"
             )
+        person = self.person_of(ctx)
         if not (params.meta or {}).get("progress_token"):
             # The client asked for no progress: no forwarding task, no stream, no task group. The node is
             # still asked for progress, so its keepalives tell the face when it died mid-call.
-            return await self._call_plain(tool, params.arguments)
+            return await self._call_plain(tool, params.arguments, person)
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:
@@ -242,6 +246,7 @@ class Face:
                     timeout_s=self.call_timeout_s,
                     on_progress=on_progress,
                     cancel_reason=CANCEL_REASON,
+                    person=person,
                 )
             except CallError as e:
                 return error_result(e)
@@ -249,8 +254,13 @@ class Face:
                 send.close()
         return _checked_result(tool, data)
 
+    def person_of(self, ctx: ServerRequestContext[Any, Any]) -> Person | None:
+        """The person behind this request, passed to the node with its call (the node believes it only
+        from a delegate): the face's own person for now; an authenticated HTTP request's person later."""
+        return self.person
+
     async def _call_plain(
-        self, tool: FaceTool, arguments: dict[str, Any] | None
+        self, tool: FaceTool, arguments: dict[str, Any] | None, person: Person | None
     ) -> dict[str, Any] | types.CallToolResult:
         try:
             data = await self.client.call(
@@ -259,6 +269,7 @@ class Face:
                 timeout_s=self.call_timeout_s,
                 on_progress=_no_progress,
                 cancel_reason=CANCEL_REASON,
+                person=person,
             )
         except CallError as e:
             return error_result(e)

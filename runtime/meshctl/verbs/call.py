@@ -50,7 +50,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     body = (args.arguments if args.arguments is not None else "{}").encode()
     if args.arguments == "-":
         body = sys.stdin.buffer.read()
-    cfg, _ = client_config(args)
+    cfg, _ = client_config(args, "caller")  # the node's own user calls as the operator's caller, not the mesh account
 
     async def call() -> int:
         async with bus(cfg) as nc:

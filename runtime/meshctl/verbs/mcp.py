@@ -23,6 +23,12 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
     mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
     mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
+    mcp.add_argument(
+        "--delegate",
+        action="store_true",
+        help="the bus credentials given are a delegate's ([identity] delegates on the nodes): pass the person "
+        "behind each call (over stdio the OS user running the face); the embedded bus's face user is one by itself",
+    )
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp.set_defaults(func=cmd_mcp)
 

@@ -176,6 +176,8 @@ def cmd_node_status(args: argparse.Namespace) -> int:
         f"node {status.node}  bus {status.url}  pid {status.pid}  up {status.uptime_s:.0f} s  "
         f"calls answered {status.answered}, in flight {status.in_flight}"
     )
+    if status.identity:
+        print(f"callers: {status.identity}")
     # Tools and service bundles in one table: KIND says which, RUNS who supervises it (the node,
     # or systemd as a unit), LAST EXIT how its child last ended.
     rows = [

@@ -11,7 +11,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 
-from .call import Caller, caller, cancelled, parse_caller, progress
+from .call import Caller, Person, caller, cancelled, parse_caller, progress
 from .facts import Facts, FactsMissing, facts
 from .log import logger, setup_logging
 from .names import ToolNameError, check_tool_name, seat_verb
@@ -20,6 +20,7 @@ from .server import Server, result
 __all__ = [
     "CallToolResult",
     "Caller",
+    "Person",
     "Context",
     "Facts",
     "FactsMissing",

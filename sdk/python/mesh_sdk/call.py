@@ -18,13 +18,32 @@ from mcp.server.mcpserver import Context
 
 # The key the node sets on every tools/call's params._meta (the mesh's shared contract).
 CALLER_META_KEY = "mesh/caller"
-VIAS = ("bus", "local", "mcp")
+VIAS = ("bus", "local", "mcp", "console")
+DELEGATE_VIAS = ("mcp", "console")  # the channels whose caller may name a person
 # Longest account, user or name accepted, in UTF-8 bytes (as every SDK of the mesh).
 MAX_CALLER_FIELD_BYTES = 256
 # C0 controls and DEL: a caller field is a name, never a line break or an escape sequence.
 _NOT_TEXT = re.compile(r"[\x00-\x1f\x7f]")
 
 _log = logging.getLogger("mesh_sdk")
+
+
+def _escape(text: str) -> str:
+    """A name as it stands in an id: `%`, `/` and `:` percent-encoded (the mesh's shared rule)."""
+    return text.replace("%", "%25").replace("/", "%2F").replace(":", "%3A")
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    """The human behind a delegate's call (an MCP face, a console), as the delegate named them."""
+
+    iss: str  # who vouched for them: an OAuth issuer, or `unix:<host>` for an OS user
+    sub: str  # their subject at that issuer
+    name: str  # shown to people
+
+    @property
+    def id(self) -> str:
+        return f"person:{_escape(self.iss)}/{_escape(self.sub)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +53,18 @@ class Caller:
     account: str  # the NATS account the request came from (server-stamped)
     user: str | None  # the user inside that account, when the account shares it
     name: str | None  # the client connection's name, when it gave one
-    via: Literal["bus", "local", "mcp"]  # the channel: the bus, the node's own account, the MCP face
+    via: Literal["bus", "local", "mcp", "console"]  # the channel: the bus, the node's own, a face, a console
+    person: Person | None = None  # the person behind a delegate's call (via mcp or console)
 
     @property
     def id(self) -> str:
-        """The stable key for this caller: "<account>/<user>", or "<account>" without a user."""
-        return f"{self.account}/{self.user}" if self.user is not None else self.account
+        """The stable key for whoever acts on this call (author, owner): the person's when a delegate
+        named one ("person:<iss>/<sub>"), else "<account>/<user>" ("<account>" without a user),
+        "local:" before it for the node's own caller; names escaped so no two callers share an id."""
+        if self.person is not None:
+            return self.person.id
+        base = _escape(self.account) if self.user is None else f"{_escape(self.account)}/{_escape(self.user)}"
+        return f"local:{base}" if self.via == "local" else base
 
 
 def _field_problem(field: str, value: Any) -> str | None:
@@ -59,6 +84,19 @@ def _field_problem(field: str, value: Any) -> str | None:
     return None
 
 
+def _person_problem(raw: Any, via: Any) -> str | None:
+    if raw is None:
+        return None
+    if via not in DELEGATE_VIAS:
+        return f"a person comes only with via {' or '.join(DELEGATE_VIAS)}"
+    if not isinstance(raw, Mapping):
+        return "person is not an object"
+    for field in ("iss", "sub", "name"):
+        if problem := _field_problem(f"person.{field}", raw.get(field)):
+            return problem
+    return None
+
+
 def _caller_problem(raw: Any) -> str | None:
     if not isinstance(raw, Mapping):
         return "it is not an object"
@@ -67,8 +105,8 @@ def _caller_problem(raw: Any) -> str | None:
         _field_problem("account", raw.get("account"))
         or (None if user is None else _field_problem("user", user))
         or (None if name is None else _field_problem("name", name))
-        or ("account holds a /" if "/" in raw["account"] else None)  # it would make `id` ambiguous
         or (None if raw.get("via") in VIAS else f"via is not one of {', '.join(VIAS)}")
+        or _person_problem(raw.get("person"), raw.get("via"))
     )
 
 
@@ -84,7 +122,14 @@ def parse_caller(raw: Any) -> Caller | None:
     if problem is not None:
         _log.warning("%s is malformed: %s; the handler gets no caller", CALLER_META_KEY, problem)
         return None
-    return Caller(account=raw["account"], user=raw.get("user"), name=raw.get("name"), via=raw["via"])
+    person = raw.get("person")
+    return Caller(
+        account=raw["account"],
+        user=raw.get("user"),
+        name=raw.get("name"),
+        via=raw["via"],
+        person=None if person is None else Person(iss=person["iss"], sub=person["sub"], name=person["name"]),
+    )
 
 
 def _meta(ctx: Context[Any, Any]) -> Mapping[str, Any]:

@@ -35,7 +35,11 @@ impl Fixture {
     #[tool(description = "The caller this call carries, or null")]
     async fn whoami(&self, call: Call) -> CallToolResult {
         let caller = call.caller().map_or(Value::Null, |c| {
-            json!({"account": c.account, "user": c.user, "name": c.name, "via": c.via.as_str(), "id": c.id})
+            let person = c.person.as_ref().map_or(Value::Null, |p| {
+                json!({"iss": p.iss, "sub": p.sub, "name": p.name})
+            });
+            json!({"account": c.account, "user": c.user, "name": c.name, "via": c.via.as_str(),
+                   "id": c.id, "person": person})
         });
         let mut result = CallToolResult::success(vec![ContentBlock::text(
             call.caller().map_or("nobody", |c| &c.id),

@@ -22,21 +22,37 @@ pub const MAX_CALLER_FIELD_BYTES: usize = 256;
 pub enum Via {
     /// From another NATS account, through the mesh's service import.
     Bus,
-    /// From the mesh account itself: the node's configured local identity.
+    /// The node's own caller: its operator, or any caller of a bus that vouches for nobody.
     Local,
-    /// Through the node's outward MCP face.
+    /// Through an MCP face (a delegate, which may name the person behind the call).
     Mcp,
+    /// Through a web console (a delegate, likewise).
+    Console,
 }
 
 impl Via {
-    /// The wire form: "bus", "local" or "mcp".
+    /// The wire form: "bus", "local", "mcp" or "console".
     pub fn as_str(self) -> &'static str {
         match self {
             Via::Bus => "bus",
             Via::Local => "local",
             Via::Mcp => "mcp",
+            Via::Console => "console",
         }
     }
+
+    fn is_delegate(self) -> bool {
+        matches!(self, Via::Mcp | Via::Console)
+    }
+}
+
+/// The human behind a delegate's call (an MCP face, a console), as the delegate named them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Person {
+    /// Who vouched for them: an OAuth issuer, or `unix:<host>` for an OS user.
+    pub iss: String,
+    pub sub: String,
+    pub name: String,
 }
 
 /// Who is calling, as the node took it from the NATS server-stamped request info.
@@ -47,8 +63,18 @@ pub struct Caller {
     pub user: Option<String>,
     pub name: Option<String>,
     pub via: Via,
-    /// `"<account>/<user>"`, or `"<account>"` without a user: the key for author or owner.
+    /// The person behind a delegate's call (via mcp or console); `None` otherwise.
+    pub person: Option<Person>,
+    /// The key for author or owner: the person's when a delegate named one
+    /// (`"person:<iss>/<sub>"`), else `"<account>/<user>"` (`"<account>"` without a user),
+    /// `"local:"` before it for the node's own caller; names escaped (`%`, `/`, `:` as `%25`,
+    /// `%2F`, `%3A`), so no two callers share one.
     pub id: String,
+}
+
+/// A name as it stands in an id: `%`, `/` and `:` percent-encoded (every SDK's rule).
+fn escape(text: &str) -> String {
+    text.replace('%', "%25").replace('/', "%2F").replace(':', "%3A")
 }
 
 impl Caller {
@@ -64,24 +90,49 @@ impl Caller {
             .unwrap_or_default();
         let user = text(fields, "user", true).map_err(malformed)?;
         let name = text(fields, "name", true).map_err(malformed)?;
-        if account.contains('/') {
-            return Err(malformed("account holds a /".into()));
-        }
         let via = match fields.get("via").and_then(Value::as_str) {
             Some("bus") => Via::Bus,
             Some("local") => Via::Local,
             Some("mcp") => Via::Mcp,
-            _ => return Err(malformed("via is not one of bus, local, mcp".into())),
+            Some("console") => Via::Console,
+            _ => return Err(malformed("via is not one of bus, local, mcp, console".into())),
         };
-        let id = match &user {
-            Some(user) => format!("{account}/{user}"),
-            None => account.clone(),
+        let person = match fields.get("person") {
+            None | Some(Value::Null) => None,
+            Some(_) if !via.is_delegate() => {
+                return Err(malformed("a person comes only with via mcp or console".into()));
+            }
+            Some(raw) => {
+                let given = raw
+                    .as_object()
+                    .ok_or(malformed("person is not an object".into()))?;
+                let field = |key: &str| {
+                    text(given, key, false)
+                        .map(Option::unwrap_or_default)
+                        .map_err(|p| malformed(format!("person.{p}")))
+                };
+                Some(Person {
+                    iss: field("iss")?,
+                    sub: field("sub")?,
+                    name: field("name")?,
+                })
+            }
+        };
+        let base = match &user {
+            Some(user) => format!("{}/{}", escape(&account), escape(user)),
+            None => escape(&account),
+        };
+        let id = match (&person, via) {
+            (Some(p), _) => format!("person:{}/{}", escape(&p.iss), escape(&p.sub)),
+            (None, Via::Local) => format!("local:{base}"),
+            (None, _) => base,
         };
         Ok(Caller {
             account,
             user,
             name,
             via,
+            person,
             id,
         })
     }
@@ -218,8 +269,21 @@ mod tests {
         let bob = parse(json!({"account": "BOB", "via": "local"})).unwrap();
         assert_eq!(
             (bob.id.as_str(), bob.user, bob.name, bob.via.as_str()),
-            ("BOB", None, None, "local")
+            ("local:BOB", None, None, "local")
         );
+        // One id per caller: names escaped; the local caller and a person apart from bus callers.
+        for (given, id) in [
+            (json!({"account": "a", "user": "b/c", "via": "bus"}), "a/b%2Fc"),
+            (json!({"account": "a/b", "user": "c", "via": "bus"}), "a%2Fb/c"),
+            (json!({"account": "local:ops", "via": "bus"}), "local%3Aops"),
+            (
+                json!({"account": "faces", "user": "f", "via": "mcp",
+                       "person": {"iss": "https://idp.example/", "sub": "alice", "name": "Alice"}}),
+                "person:https%3A%2F%2Fidp.example%2F/alice",
+            ),
+        ] {
+            assert_eq!(parse(given).unwrap().id, id);
+        }
         assert_eq!(
             Caller::from_meta(&Map::new()),
             Err("no caller in _meta".into())
@@ -236,7 +300,14 @@ mod tests {
         };
         assert!(parse(json!("A/b")).unwrap_err().contains("not an object"));
         assert!(with("account", json!(5)).contains("account is not a string"));
-        assert!(with("account", json!("A/B")).contains("holds a /"));
+        assert!(
+            with("person", json!({"iss": "i", "sub": "s"})).contains("person.name is missing")
+        );
+        assert!(with("person", json!("alice")).contains("person is not an object"));
+        let mut on_bus = ok.clone();
+        on_bus["via"] = json!("bus");
+        on_bus["person"] = json!({"iss": "i", "sub": "s", "name": "n"});
+        assert!(parse(on_bus).unwrap_err().contains("only with via mcp or console"));
         assert!(with("user", json!("")).contains("user is empty"));
         assert!(with("name", json!("é".repeat(129))).contains("longer than 256 bytes"));
         assert!(with("name", json!("a\u{7f}")).contains("control characters"));

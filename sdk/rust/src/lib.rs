@@ -47,7 +47,7 @@ use tokio::{
     sync::Notify,
 };
 
-pub use call::{CALLER_KEY, Call, Caller, MAX_CALLER_FIELD_BYTES, Via};
+pub use call::{CALLER_KEY, Call, Caller, MAX_CALLER_FIELD_BYTES, Person, Via};
 pub use facts::{Facts, FactsError, facts};
 pub use names::{ToolNameError, check_tool_name, seat_verb};
 pub use rmcp;

@@ -8,8 +8,16 @@ import type { ServerNotification, ServerRequest } from "@modelcontextprotocol/sd
 
 import { log } from "./log.js";
 
-/** How the call reached the node: a bus caller, the mesh account itself, or the MCP face. */
-export type Via = "bus" | "local" | "mcp";
+/** How the call reached the node: a bus caller, the node's own, an MCP face or a console (delegates). */
+export type Via = "bus" | "local" | "mcp" | "console";
+
+/** The human behind a delegate's call (an MCP face, a console), as the delegate named them. */
+export interface Person {
+  /** Who vouched for them: an OAuth issuer, or `unix:<host>` for an OS user. */
+  readonly iss: string;
+  readonly sub: string;
+  readonly name: string;
+}
 
 /** Who is calling, as the node took it from the NATS server-stamped request info. */
 export interface Caller {
@@ -18,7 +26,13 @@ export interface Caller {
   readonly user: string | null;
   readonly name: string | null;
   readonly via: Via;
-  /** `"<account>/<user>"`, or `"<account>"` when there is no user: the key for author/owner. */
+  /** The person behind a delegate's call (via "mcp" or "console"); null otherwise. */
+  readonly person: Person | null;
+  /**
+   * The key for author/owner: the person's when a delegate named one (`"person:<iss>/<sub>"`),
+   * else `"<account>/<user>"` (`"<account>"` without a user), `"local:"` before it for the node's
+   * own caller; names escaped (`%`, `/`, `:` as `%25`, `%2F`, `%3A`), so no two callers share one.
+   */
   readonly id: string;
 }
 
@@ -28,7 +42,8 @@ type Extra = RequestHandlerExtra<ServerRequest, ServerNotification>;
 export const CALLER_KEY = "mesh/caller";
 /** Longest account, user or name accepted, in UTF-8 bytes. */
 export const MAX_CALLER_FIELD_BYTES = 256;
-const VIA: readonly string[] = ["bus", "local", "mcp"] satisfies Via[];
+const VIA: readonly string[] = ["bus", "local", "mcp", "console"] satisfies Via[];
+const DELEGATE_VIA: readonly string[] = ["mcp", "console"] satisfies Via[];
 // C0 controls, DEL, and UTF-16 halves without their other half (not text, not UTF-8 encodable).
 const NOT_TEXT = /[\u0000-\u001f\u007f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
@@ -41,21 +56,38 @@ function fieldProblem(field: string, value: unknown): string | null {
   return null;
 }
 
+/** A name as it stands in an id: `%`, `/` and `:` percent-encoded (every SDK's rule). */
+function escape(text: string): string {
+  return text.replaceAll("%", "%25").replaceAll("/", "%2F").replaceAll(":", "%3A");
+}
+
+/** Why `raw` is not a delegate's person, or null when it is one (or absent). */
+function personProblem(raw: unknown, via: unknown): string | null {
+  if (raw === undefined || raw === null) return null;
+  if (typeof via !== "string" || !DELEGATE_VIA.includes(via)) return `a person comes only with via ${DELEGATE_VIA.join(" or ")}`;
+  if (typeof raw !== "object" || Array.isArray(raw)) return "person is not an object";
+  const { iss, sub, name } = raw as Record<string, unknown>;
+  return fieldProblem("person.iss", iss) ?? fieldProblem("person.sub", sub) ?? fieldProblem("person.name", name);
+}
+
 /** The caller in `meta`, or why there is none (a string). */
 export function parseCaller(meta: unknown): Caller | string {
   const raw = (meta as Record<string, unknown> | undefined)?.[CALLER_KEY];
   if (raw === undefined) return "no caller in _meta";
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return `${CALLER_KEY} is not an object`;
-  const { account, user = null, name = null, via } = raw as Record<string, unknown>;
+  const { account, user = null, name = null, via, person: rawPerson = null } = raw as Record<string, unknown>;
   const problem =
     fieldProblem("account", account) ??
     (user === null ? null : fieldProblem("user", user)) ??
     (name === null ? null : fieldProblem("name", name)) ??
-    ((account as string).includes("/") ? "account holds a /" : null) ??
-    (typeof via === "string" && VIA.includes(via) ? null : `via is not one of ${VIA.join(", ")}`);
+    (typeof via === "string" && VIA.includes(via) ? null : `via is not one of ${VIA.join(", ")}`) ??
+    personProblem(rawPerson, via);
   if (problem) return `${CALLER_KEY} is malformed: ${problem}`;
-  const id = user === null ? (account as string) : `${account}/${user}`;
-  return Object.freeze({ account, user, name, via, id } as Caller);
+  const given = rawPerson as Person | null;
+  const person = given === null ? null : Object.freeze({ iss: given.iss, sub: given.sub, name: given.name });
+  const base = user === null ? escape(account as string) : `${escape(account as string)}/${escape(user as string)}`;
+  const id = person ? `person:${escape(person.iss)}/${escape(person.sub)}` : via === "local" ? `local:${base}` : base;
+  return Object.freeze({ account, user, name, via, person, id } as Caller);
 }
 
 /**

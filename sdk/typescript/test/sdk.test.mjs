@@ -66,9 +66,19 @@ test("result builds text, structured content and error results", () => {
 
 test("caller reads _meta's mesh/caller, checks every field, and is null otherwise", () => {
   const meta = { "mesh/caller": { account: "ALICE", user: "alice", name: "cli", via: "bus" } };
-  assert.deepEqual(caller({ _meta: meta }), { account: "ALICE", user: "alice", name: "cli", via: "bus", id: "ALICE/alice" });
+  assert.deepEqual(caller({ _meta: meta }), { account: "ALICE", user: "alice", name: "cli", via: "bus", person: null, id: "ALICE/alice" });
   assert.deepEqual(caller({ _meta: { "mesh/caller": { account: "BOB", via: "local" } } }),
-    { account: "BOB", user: null, name: null, via: "local", id: "BOB" });
+    { account: "BOB", user: null, name: null, via: "local", person: null, id: "local:BOB" });
+  // One id per caller: names escaped; the local caller and a person apart from every bus caller.
+  const alice = { iss: "https://idp.example/", sub: "alice", name: "Alice" };
+  for (const [given, id] of [
+    [{ account: "a", user: "b/c", via: "bus" }, "a/b%2Fc"],
+    [{ account: "a/b", user: "c", via: "bus" }, "a%2Fb/c"],
+    [{ account: "local:ops", via: "bus" }, "local%3Aops"],
+    [{ account: "faces", user: "f", via: "mcp", person: alice }, "person:https%3A%2F%2Fidp.example%2F/alice"],
+  ]) {
+    assert.equal(caller({ _meta: { "mesh/caller": given } }).id, id, JSON.stringify(given));
+  }
   assert.equal(caller({}), null);
   assert.equal(caller({ _meta: { progressToken: 1 } }), null);
   const ok = { account: "A", user: null, name: null, via: "mcp" };
@@ -78,7 +88,8 @@ test("caller reads _meta's mesh/caller, checks every field, and is null otherwis
     [{ ...ok, user: "" }, /user is empty/],
     [{ ...ok, name: "é".repeat(129) }, /longer than 256 bytes/], // 258 UTF-8 bytes in 129 characters
     [{ ...ok, name: "\ud800x" }, /broken UTF-16/],
-    [{ ...ok, account: "A/B" }, /holds a \//],
+    [{ ...ok, via: "bus", person: { iss: "i", sub: "s", name: "n" } }, /a person comes only with via/],
+    [{ ...ok, person: { iss: "i", sub: "s" } }, /person.name is undefined/],
     [{ ...ok, via: "BUS" }, /via is not one of/],
   ]) {
     assert.match(parseCaller({ "mesh/caller": bad }), why, JSON.stringify(bad));

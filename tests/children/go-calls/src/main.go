@@ -30,7 +30,11 @@ func whoami(ctx context.Context, _ whoamiIn) (string, whoamiOut, error) {
 	if c == nil {
 		return "no caller", whoamiOut{}, nil
 	}
-	seen := map[string]any{"account": c.Account, "user": nullable(c.User), "name": nullable(c.Name), "via": c.Via, "id": c.ID()}
+	var person any // null unless a delegate named one
+	if c.Person != nil {
+		person = map[string]any{"iss": c.Person.Iss, "sub": c.Person.Sub, "name": c.Person.Name}
+	}
+	seen := map[string]any{"account": c.Account, "user": nullable(c.User), "name": nullable(c.Name), "via": c.Via, "id": c.ID(), "person": person}
 	return c.ID(), whoamiOut{Caller: seen}, nil
 }
 

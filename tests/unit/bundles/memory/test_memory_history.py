@@ -41,8 +41,8 @@ def test_every_change_is_a_version_with_who_when_via_and_the_text_before(store: 
     store.unarchive_scope(OPERATOR, "billing")
     found = versions(store, ALICE, id=first["id"])
     assert [(v["version"], v["action"], v["by"], v["via"]) for v in found] == [
-        (6, "unarchive", "MESH", "local"),
-        (5, "archive", "MESH", "local"),
+        (6, "unarchive", "local:MESH", "local"),
+        (5, "archive", "local:MESH", "local"),
         (4, "restore", "ALICE/alice", "bus"),
         (3, "forget", "BOB/bob", "mcp"),
         (2, "upsert", "BOB/bob", "mcp"),
@@ -166,7 +166,7 @@ def test_purge_erases_the_entry_and_its_history_down_to_the_files_bytes(tmp_path
     ):
         store.purge(BOB, entry["id"])
     done = bounded(store.purge(OPERATOR, entry["id"]))
-    assert done.data["purged"] == entry["id"] and done.data["by"] == "MESH" and done.data["versions"] == 4
+    assert done.data["purged"] == entry["id"] and done.data["by"] == "local:MESH" and done.data["versions"] == 4
     # The bytes, while the store is open: not in the database, not in its write-ahead log.
     files = [p for p in tmp_path.iterdir() if p.name.startswith(DB_FILE)]
     assert {p.name for p in files} >= {DB_FILE, f"{DB_FILE}-wal"}
@@ -178,8 +178,8 @@ def test_purge_erases_the_entry_and_its_history_down_to_the_files_bytes(tmp_path
     # What stays: "purged by X at T", nothing of the text or the key.
     gone = bounded(store.history(ALICE, id=entry["id"]))
     assert gone.data["versions"] == [] and gone.data["key"] is None
-    assert gone.data["purged"] == {"by": "MESH", "via": "local", "at": done.data["at"], "versions": 4}
-    assert gone.text.startswith(f"#{entry['id']} was purged by MESH via local at {done.data['at']}")
+    assert gone.data["purged"] == {"by": "local:MESH", "via": "local", "at": done.data["at"], "versions": 4}
+    assert gone.text.startswith(f"#{entry['id']} was purged by local:MESH via local at {done.data['at']}")
     assert secret not in gone.text
     assert store.find(ALICE, query="sk_live_4eC39HqLyjWDarjtT1zdp7dc") == []
     with pytest.raises(Refused, match="not found"):

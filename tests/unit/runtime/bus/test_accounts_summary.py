@@ -21,5 +21,12 @@ def test_summary_with_every_password_in_the_config_does_not_say_none(tmp_path: P
     accounts = EmbeddedAccounts(tmp_path, [CallerAccount(account="alice", user="alice", password="s")])
     line = accounts.summary()
     assert "in none" not in line
-    assert line.endswith("every caller's password is in the config")
+    assert line.endswith("every configured caller's password is in the config")
     assert str(tmp_path / "bus-mesh.password") in line
+
+
+def test_summary_without_callers_says_how_to_add_one(tmp_path: Path) -> None:
+    line = EmbeddedAccounts(tmp_path, []).summary()
+    assert "callers none" in line and "`meshctl caller add NAME`" in line
+    for name in ("bus-mesh.password", "bus-local.password", "bus-mcp.password"):
+        assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o600"

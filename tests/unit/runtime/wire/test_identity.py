@@ -78,7 +78,7 @@ def test_a_client_name_it_chose_oddly_is_dropped_its_account_stands() -> None:
 def test_local_identity_defaults_to_the_os_user_and_takes_account_slash_user() -> None:
     assert local_caller(None) == Caller(account=getpass.getuser(), user=None, name=None, via="local")
     assert local_caller("ops/alice") == Caller(account="ops", user="alice", name=None, via="local")
-    assert local_caller("ops/alice").id == "ops/alice"
+    assert local_caller("ops/alice").id == "local:ops/alice"  # never a bus caller's id
 
 
 def test_stamp_gives_local_without_header_and_bus_with_it() -> None:
@@ -139,6 +139,11 @@ async def test_tools_call_carries_meta_beside_the_arguments_as_sent() -> None:
             ["nats.caller[0]", "embedded", "README"],
         ),
         ('[[nats.caller]]\naccount = "a"', ["user"]),
+        ('[[nats.caller]]\naccount = "local"\nuser = "x"', ["nats.caller[0]", "LOCAL", "mesh's own"]),
+        ('[[nats.caller]]\naccount = "x"\nuser = "mesh-mcp"', ["nats.caller[0]", "mesh-mcp", "mesh's own"]),
+        ('[identity]\ndelegates = { "faces/" = "mcp" }', ["identity.delegates", "account/user"]),
+        ('[identity]\ndelegates = { "faces/mcp" = "bus" }', ["identity.delegates", '"mcp" or "console"']),
+        ('[identity]\ndelegates = { "faces/mcp" = "carrier" }', ["delegates"]),
     ],
 )
 def test_config_mistakes_are_named(tmp_path: Path, text: str, words: list[str]) -> None:
@@ -160,3 +165,10 @@ def test_config_reads_identity_seats_and_callers(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.identity.local == "ops/alice" and config.seats.lease_ttl_s == 4
     assert [msgspec.structs.astuple(c) for c in config.nats.caller] == [("alice", "alice", "pw"), ("bob", "bob", None)]
+
+
+def test_delegates_and_their_older_name_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text('[identity]\nmcp_faces = ["faces/old", "kiosk"]\ndelegates = { "web/console" = "console" }\n')
+    listed = load_config(path).identity.listed()
+    assert listed == {("faces", "old"): "mcp", ("kiosk", None): "mcp", ("web", "console"): "console"}
