@@ -413,15 +413,17 @@ def test_watch_hears_of_work_as_it_appears(tmp_path: Path, bus: ConfiguredServer
 
 
 def test_the_human_decides_and_the_waiting_opener_hears_it(tmp_path: Path, bus: ConfiguredServer) -> None:
-    """HANDOFF_HUMANS names who decides: `@local` (the node's local identity, here OPS/samuel: a
-    call from inside the mesh account) and AGENT_C/c. The opener's wait, already in flight on the
-    escalated entry, returns with the decision; the entry stays escalated."""
+    """HANDOFF_HUMANS names who decides: `@local` (the node's local identity) and AGENT_C/c, here the
+    one who decides (no call comes from the mesh account: its users may not publish calls). The
+    opener's wait, already in flight on the escalated entry, returns with the decision; the entry
+    stays escalated."""
     node = start_node(tmp_path, bus, "human", {"HANDOFF_HUMANS": "@local, AGENT_C/c"}, local="OPS/samuel")
     try:
 
         async def run() -> None:
             a, b = await Seat.connect(bus, A), await Seat.connect(bus, B)
-            human, c = await Seat.connect(bus, None), await Seat.connect(bus, C)
+            c = await Seat.connect(bus, C)
+            human = c
             try:
                 money = await a.ok("open", **QUESTION)
                 await a.ok("escalate", id=money["id"], thema="geld")
@@ -433,12 +435,12 @@ def test_the_human_decides_and_the_waiting_opener_hears_it(tmp_path: Path, bus: 
                 text = await b.refused("decide", id=money["id"], antwort="yes")
                 assert "not one of the humans" in text and "HANDOFF_HUMANS (here: @local,AGENT_C/c)" in text
                 decided = await human.ok("decide", id=money["id"], antwort="yes, at most 200 EUR")
-                assert decided["state"] == "escalated" and decided["decided_by"] == "OPS/samuel"
+                assert decided["state"] == "escalated" and decided["decided_by"] == caller_id(C)
                 woke = (await asyncio.wait_for(waiting, 10))["structuredContent"]
                 assert woke["changed"] is True and woke["entry"]["entscheidung"] == "yes, at most 200 EUR"
                 log = (await a.ok("get", id=money["id"]))["log"]
                 assert (log[-1]["who"], log[-1]["from"], log[-1]["to"], log[-1]["why"]) == (
-                    "OPS/samuel",
+                    caller_id(C),
                     "escalated",
                     "escalated",
                     "decided: yes, at most 200 EUR",
@@ -449,7 +451,7 @@ def test_the_human_decides_and_the_waiting_opener_hears_it(tmp_path: Path, bus: 
                 assert attention["undecided"] == 1
                 assert (await c.ok("decide", id=later["id"], antwort="no"))["decided_by"] == caller_id(C)
             finally:
-                for seat in (a, b, human, c):
+                for seat in (a, b, c):
                     await seat.close()
 
         asyncio.run(run())

@@ -234,63 +234,64 @@ async def versions(nc: Client, **which: Any) -> list[dict[str, Any]]:
 
 
 async def test_every_change_is_attributed_and_nothing_is_lost(members: dict[str | None, Client]) -> None:
-    alice, bob, ops = members["alice"], members["bob"], members[None]
+    # bob is the scope admin (the fixture's policy); alice is a member.
+    alice, bob = members["alice"], members["bob"]
     first = await entry(
-        alice, "remember", content="Quokka payments settle at 17:00.", type="constraint", key="pay.cutoff"
+        bob, "remember", content="Quokka payments settle at 17:00.", type="constraint", key="pay.cutoff"
     )
-    await entry(bob, "remember", content="Quokka payments settle at 18:00.", type="constraint", key="pay.cutoff")
-    gone = await entry(bob, "forget", scope="global", key="pay.cutoff")
+    await entry(alice, "remember", content="Quokka payments settle at 18:00.", type="constraint", key="pay.cutoff")
+    gone = await entry(alice, "forget", scope="global", key="pay.cutoff")
     assert gone == {"forgotten": first["id"], "version": 3}
     # A tombstone: not in recall, words, key or context; the history keeps it.
-    assert await recall(alice, key="pay.cutoff") == [] and await recall(alice, query="quokka") == []
-    assert "17:00" not in (await entry(alice, "load_context", budget_chars=200_000))["text"]
-    history = await versions(alice, id=first["id"])
+    assert await recall(bob, key="pay.cutoff") == [] and await recall(bob, query="quokka") == []
+    assert "17:00" not in (await entry(bob, "load_context", budget_chars=200_000))["text"]
+    history = await versions(bob, id=first["id"])
     assert [(v["action"], v["by"], v["via"]) for v in history] == [
-        ("forget", BOB, "bus"),
-        ("upsert", BOB, "bus"),
-        ("remember", ALICE, "bus"),
+        ("forget", ALICE, "bus"),
+        ("upsert", ALICE, "bus"),
+        ("remember", BOB, "bus"),
     ]
     assert (
         history[1]["before"] == "Quokka payments settle at 17:00."
         and history[1]["content"] == "Quokka payments settle at 18:00."
     )
-    # bob may not bring back alice's version; alice may.
-    said = refusal(await ask(bob, "restore", id=first["id"], version=1))
-    assert said.startswith(f"{BOB} may not restore version 1 of #{first['id']}: its author ({ALICE})")
-    back = await entry(alice, "restore", id=first["id"], version=1)
-    assert (back["content"], back["author"], back["version"]) == ("Quokka payments settle at 17:00.", ALICE, 4)
-    assert [e["id"] for e in await recall(bob, query="quokka")] == [first["id"]]
-    # Purge: not by a member, by the scope admins (the mesh account here); "purged by X at T" stays.
+    # alice may not bring back bob's version (she is neither its author nor an admin); bob may.
+    said = refusal(await ask(alice, "restore", id=first["id"], version=1))
+    assert said.startswith(f"{ALICE} may not restore version 1 of #{first['id']}: its author ({BOB})")
+    back = await entry(bob, "restore", id=first["id"], version=1)
+    assert (back["content"], back["author"], back["version"]) == ("Quokka payments settle at 17:00.", BOB, 4)
+    assert [e["id"] for e in await recall(alice, query="quokka")] == [first["id"]]
+    # Purge: not by a member, by the scope admins; "purged by X at T" stays.
     assert "may not purge" in refusal(await ask(alice, "purge", id=first["id"]))
-    purged = await entry(ops, "purge", id=first["id"])
-    assert (purged["purged"], purged["by"], purged["versions"]) == (first["id"], "ops/node-admin", 4)
-    record = await entry(bob, "history", id=first["id"])
-    assert record["versions"] == [] and record["purged"]["by"] == "ops/node-admin"
+    purged = await entry(bob, "purge", id=first["id"])
+    assert (purged["purged"], purged["by"], purged["versions"]) == (first["id"], BOB, 4)
+    record = await entry(alice, "history", id=first["id"])
+    assert record["versions"] == [] and record["purged"]["by"] == BOB
     assert record["purged"]["at"] == purged["at"]
     assert "17:00" not in json.dumps(record) and "18:00" not in json.dumps(record)
 
 
 async def test_history_and_purge_of_a_private_entry_are_its_owners(members: dict[str | None, Client]) -> None:
-    alice, bob, ops = members["alice"], members["bob"], members[None]
-    mine = await entry(bob, "remember", content="Pasted by mistake: pw=swordfish.", type="status", scope="private")
-    assert len(await versions(bob, id=mine["id"])) == 1
-    for nc in (alice, ops):  # another member, and the scope admins: as if it never was
-        said = refusal(await ask(nc, "history", id=mine["id"]))
-        assert said == f"not found: no entry with id {mine['id']} that you can see; memory.recall finds ids"
-        assert refusal(await ask(nc, "purge", id=mine["id"])).startswith("not found")
-    assert (await entry(bob, "purge", id=mine["id"]))["scope"] == "private"
-    assert (await entry(bob, "history", id=mine["id"]))["purged"]["by"] == BOB
+    alice, bob = members["alice"], members["bob"]
+    mine = await entry(alice, "remember", content="Pasted by mistake: pw=swordfish.", type="status", scope="private")
+    assert len(await versions(alice, id=mine["id"])) == 1
+    # another member who is also the scope admin: as if it never was
+    said = refusal(await ask(bob, "history", id=mine["id"]))
+    assert said == f"not found: no entry with id {mine['id']} that you can see; memory.recall finds ids"
+    assert refusal(await ask(bob, "purge", id=mine["id"])).startswith("not found")
+    assert (await entry(alice, "purge", id=mine["id"]))["scope"] == "private"
+    assert (await entry(alice, "history", id=mine["id"]))["purged"]["by"] == ALICE
 
 
 async def test_rename_and_unarchive_scope(members: dict[str | None, Client]) -> None:
-    alice, ops = members["alice"], members[None]
-    await entry(ops, "create_scope", slug="search-team", name="Search")
+    alice, admin = members["alice"], members["bob"]
+    await entry(admin, "create_scope", slug="search-team", name="Search")
     assert "may not rename" in refusal(await ask(alice, "rename_scope", slug="search-team", name="Mine now"))
-    renamed = await entry(ops, "rename_scope", slug="search-team", name="Search and ranking")
+    renamed = await entry(admin, "rename_scope", slug="search-team", name="Search and ranking")
     assert (renamed["slug"], renamed["name"]) == ("search-team", "Search and ranking")
-    await entry(ops, "archive_scope", slug="search-team")
+    await entry(admin, "archive_scope", slug="search-team")
     assert "may not unarchive" in refusal(await ask(alice, "unarchive_scope", slug="search-team"))
-    assert (await entry(ops, "unarchive_scope", slug="search-team"))["archived"] is False
+    assert (await entry(admin, "unarchive_scope", slug="search-team"))["archived"] is False
     written = await entry(alice, "remember", content="Ranking uses bm25.", type="decision", scope="search-team")
     assert written["scope"] == "search-team"
     listed = (await entry(alice, "scopes", include_private=False))["scopes"]
@@ -325,8 +326,8 @@ async def test_limits_are_refused_over_the_bus(members: dict[str | None, Client]
 
 
 async def test_load_context_skips_what_does_not_fit(members: dict[str | None, Client]) -> None:
-    ops, alice = members[None], members["alice"]
-    await entry(ops, "create_scope", slug="packing", name="Packing")
+    admin, alice = members["bob"], members["alice"]
+    await entry(admin, "create_scope", slug="packing", name="Packing")
     await entry(alice, "remember", content="P" * 3990, type="constraint", scope="packing")
     await entry(alice, "remember", content="Packing status is short.", type="status", scope="packing")
     packed = await entry(alice, "load_context", projects=["packing"], budget_chars=3000)

@@ -265,7 +265,7 @@ def test_a_store_of_release_0_1_0_upgrades_with_its_data(tmp_path: Path, bus: Co
             assert await seen_by(bus, query="records") == {"alice": [shared], "bob": [shared]}
             assert await seen_by(bus, scope="private") == {"alice": [secret], "bob": []}
             # Its history begins with it as it read (bob's upsert of 0.1.0 left no trace to import).
-            code, body = await call(nc, "mesh.seat.memory.history", {"id": shared}, timeout=20)
+            code, body = await call(bob, "mesh.seat.memory.history", {"id": shared}, timeout=20)
             assert code == 200 and body["isError"] is False, body
             [first] = body["structuredContent"]["versions"]
             assert (first["action"], first["by"], first["content"]) == (
@@ -275,7 +275,7 @@ def test_a_store_of_release_0_1_0_upgrades_with_its_data(tmp_path: Path, bus: Co
             )
             # And goes on: a change now is version 2, with the text before it.
             await remembered(bob, content="Postgres 17 is the system of record.", type="decision", key="db.sor")
-            code, body = await call(nc, "mesh.seat.memory.history", {"id": shared}, timeout=20)
+            code, body = await call(bob, "mesh.seat.memory.history", {"id": shared}, timeout=20)
             latest = body["structuredContent"]["versions"][0]
             assert (latest["version"], latest["before"]) == (2, "Postgres 16 is the system of record.")
         finally:
