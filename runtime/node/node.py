@@ -67,6 +67,19 @@ def prepare_process() -> None:
     use_pidfd_child_watcher()
 
 
+async def _subscriptions_known(nc: Client) -> None:
+    """Wait until the server has every subscription made so far: "serving" then means a call sent
+    now is answered, not "no responders". A message to ourselves comes back only after them (nats-py's
+    flush() writes its PING ahead of the commands still pending, so it proves nothing)."""
+    try:
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, max_msgs=1)
+        await nc.publish(inbox, b"")
+        await sub.next_msg(timeout=5)
+    except Exception as e:  # the bus went away meanwhile: the subscriptions come back with it
+        log.warning("could not make sure the bus has this node's subscriptions: %s", e)
+
+
 @dataclass
 class Serving:
     """The node's parts that live while its bus answers: made together, so none is ever missing."""
@@ -262,6 +275,7 @@ class Node:
                 len(modules.table.modules),
                 len(modules.runners()),
             )
+            await _subscriptions_known(nc)
             self._ready.set()
             serving.notice.poke(f"node {self.name} joined")
             await self._stop.wait()
