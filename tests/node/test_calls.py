@@ -405,3 +405,27 @@ async def test_a_call_with_a_reply_and_one_without_mixed_under_load_are_each_run
     args = [c["params"]["arguments"] for c in child.calls()]
     assert sorted(a.get("fire", -1) for a in args if "fire" in a) == list(range(50))
     assert sorted(a["ask"] for a in args if "ask" in a) == list(range(50))
+
+
+async def test_calls_waiting_for_a_start_or_a_slot_when_the_node_stops_are_503_node_stopping_at_once(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    gate = asyncio.get_running_loop().create_future()  # never done: "late" never starts
+    script.modules["late"] = [Behaviour(answer=echo, handshake_gate=gate)]
+    script.modules["busy"] = [Behaviour(answer=echo, call_seconds=30)]
+    busy = module_folder(tmp_path, "busy", timeout_ms=30000, bundle="max_in_flight = 1")
+    patient = HealthPolicy(init_timeout_s=30, ping_interval_s=30, stop_grace_s=0.1)  # the start is not given up
+    await m.start("n1", module_folder(tmp_path, "late", timeout_ms=30000), busy, drain_timeout_s=0.05, health=patient)
+    await m.bundle_state("n1", "busy/tools", "ready")
+    calls = [asyncio.create_task(m.call("mesh.tool.late.greet", {}, timeout=20))]
+    calls += [asyncio.create_task(m.call("mesh.tool.busy.greet", {"i": i}, timeout=20)) for i in range(4)]
+    await until(
+        lambda: _in_flight(m, 5), "five calls in flight: one started, three waiting for its slot, one for a start"
+    )
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    await m.stop("n1")
+    results = await asyncio.gather(*calls)
+    assert loop.time() - stopped_at < 5, "the stop waited out a call's timeout"
+    assert [(code, body["error"]["kind"]) for body, code in results] == [("503", "node_stopping")] * 5
+    assert len(script.of("busy")[0].calls()) == 1, "a call waiting for a slot was written to the child after the stop"
