@@ -20,7 +20,7 @@ from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
 from runtime.wire.leases import SeatLeases
 from runtime.wire.subjects import SEAT_MOVE, node_subject
 from tests.support.fake_child import Behaviour, FakeChild, Script, echo
-from tests.support.inproc import Mesh, code_of, module_folder, until
+from tests.support.inproc import Mesh, code_of, module_folder, placement, until
 
 SEATS = SeatsConfig(lease_ttl_s=1.5)  # a keeper looks every 0.5 s
 MEMORY = '[[seat]]\nname = "memory"\n'
@@ -270,3 +270,18 @@ async def test_a_seat_move_takes_the_data_to_the_other_node_which_then_holds_it(
     await until(lambda: _elsewhere(m, "a", "b"), "a standing by for b")
     _, code = await m.call("mesh.tool.store.remember", {})
     assert code is None and len(child_of(script, "b")[-1].calls()) == 1
+
+
+async def test_a_removed_modules_refused_claim_is_gone_from_status(tmp_path: Path, m: Mesh, script: Script) -> None:
+    echo_seat = '[[seat]]\nname = "echo"\nstateless = true\n'
+    for module in ("first", "second"):
+        script.modules[module] = [Behaviour(answer=echo, tools=("echo.say",))]
+    first, second = (module_folder(tmp_path, name, seats=echo_seat) for name in ("first", "second"))
+    await m.start("n1", first, second)
+    await m.bundle_state("n1", "second/tools", "ready")
+    await m.modules("n1").remove_module("second")
+    assert (await m.status("n1")).seats == [SeatStatus("echo", "first", "held")]
+    await m.modules("n1").add_module(placement(second))  # claims again: refused again, said again
+    assert [(s.module, s.state) for s in (await m.status("n1")).seats] == [("first", "held"), ("second", "refused")]
+    await m.modules("n1").add_module(placement(second))  # an upgrade in place of the refused one: said once
+    assert [(s.module, s.state) for s in (await m.status("n1")).seats] == [("first", "held"), ("second", "refused")]
