@@ -183,7 +183,7 @@ class Dispatcher:
                 else:
                     served, body = await work
                 route = served
-                if len(body) > self.max_payload:
+                if len(body) > self.max_payload and msg.reply:  # nobody to fetch it without a reply subject
                     body, headers = await self._park(msg, served, body)
         except NodeError as e:
             error = e
