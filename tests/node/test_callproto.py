@@ -372,3 +372,20 @@ async def test_a_call_cancelled_while_its_request_object_is_read_is_never_begun(
     await m.nc.publish(GREET, b"", reply=reply, headers={CALL_ID: call_id, REQUEST_OBJECT: name})
     await settled(m, answered=1)
     assert sub.pending_msgs == 0 and child.calls() == []
+
+
+async def test_a_large_result_of_a_call_without_a_reply_subject_is_not_parked(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    child = await start(m, tmp_path, script, answer=big(1_200_000))
+    await m.nc.publish(GREET, b"{}")
+    await settled(m, answered=1)
+    assert len(child.calls()) == 1
+    [msg] = await m.frames(GREET, {"bytes": 10})  # the bucket exists (or not): nothing in it either way
+    assert code_of(msg) is None
+    try:
+        store = await m.nc.jetstream().object_store("mesh-calls")
+        names = [o.name for o in await store.list()]
+    except NotFoundError:  # no bucket, or nats-py's word for an empty one
+        names = []
+    assert names == [], "a result nobody can fetch was put into the object store"
