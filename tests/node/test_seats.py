@@ -285,3 +285,15 @@ async def test_a_removed_modules_refused_claim_is_gone_from_status(tmp_path: Pat
     assert [(s.module, s.state) for s in (await m.status("n1")).seats] == [("first", "held"), ("second", "refused")]
     await m.modules("n1").add_module(placement(second))  # an upgrade in place of the refused one: said once
     assert [(s.module, s.state) for s in (await m.status("n1")).seats] == [("first", "held"), ("second", "refused")]
+
+
+async def test_a_module_removed_from_the_holder_releases_its_lease_and_a_replicated_seat_moves_on(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    await pair(m, tmp_path, script, failover="replicated")
+    await m.modules("a").remove_module("store")
+    assert (await m.status("a")).seats == []
+    await m.bundle_state("b", "store/tools", "ready")
+    assert (await seat_of(m, "b")).state == "held"
+    lease = await (await SeatLeases.open(m.nc, 1.5)).read("memory")
+    assert lease is not None and lease.record.node == "b"

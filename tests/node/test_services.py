@@ -13,10 +13,13 @@ import pytest
 
 from runtime.config import ServicesConfig
 from runtime.hosting.steps import record_path
+from runtime.meshctl.deliver import deliver
 from runtime.wire.control import RestartReply
 from runtime.wire.subjects import RESTART, node_subject
 from tests.support.fake_child import Behaviour, Script
 from tests.support.inproc import Mesh, module_folder, placement, until
+from toolchains.artifact import ArtifactMeta
+from toolchains.pack import pack
 
 NODE_RUNS = ServicesConfig(host="node")
 SERVICE = (
@@ -178,3 +181,54 @@ async def test_a_step_past_its_timeout_is_killed_and_refuses_its_module(
     assert "failed: timed out after 0.1 s (killed)" in problem, problem
     assert not script.of("hosted", "migrate")[0].running
     assert not record_path(m.tmp / "state-n1", "hosted", "migrate", "0.1.0").exists()
+
+
+def packed(out: Path, version: str) -> list[Path]:
+    """Module hosted at `version` as three real artifacts (step, service, tools), packed by the project's packer."""
+    stage = out / f"stage-{version}"
+    stage.mkdir(parents=True)
+    (stage / "main.py").write_text("# the fake children run in the test's process\n")
+    manifest = module_folder(out / "src", "hosted", extra=SERVICE + STEP.format(timeout_ms=2000), version=version)
+    text = (manifest / "module.toml").read_text().replace('source = "."', 'source = "src"')
+    kinds = {"migrate": "step", "daemon": "service", "tools": "tools"}
+    return [
+        pack(
+            stage,
+            ArtifactMeta(
+                module="hosted",
+                bundle=name,
+                version=version,
+                kind=kind,  # type: ignore[arg-type]
+                language="python",
+                entry=["python", "main.py"],
+                manifest=text,
+            ),
+            out,
+        )
+        for name, kind in kinds.items()
+    ]
+
+
+async def test_a_delivered_version_whose_step_fails_is_refused_and_the_old_one_serves_on(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    failing = Behaviour(exit_on_eof=False, exit_after=0, exit_code=3, stderr="column x already exists")
+    script.modules["hosted/migrate"] = [STEP_OK, failing]
+    script.modules["hosted/daemon"] = [DAEMON]
+    await m.start("n1", services=NODE_RUNS, membership=True)
+    await deliver(m.nc, packed(tmp_path / "v1", "1.0.0"), "n1", None, lambda line: None)
+    await m.bundle_state("n1", "hosted/tools", "ready", timeout=10)
+    await m.bundle_state("n1", "hosted/daemon", "running")
+    await deliver(m.nc, packed(tmp_path / "v2", "2.0.0"), "n1", None, lambda line: None)
+
+    async def refused() -> list[str]:
+        return [p for p in (await m.status("n1")).problems if "2.0.0 refused" in p]
+
+    [problem] = await until(refused, "the refusal of 2.0.0", timeout=10)
+    assert "step hosted/migrate of hosted 2.0.0 failed: exit code 3" in problem and "column x already exists" in problem
+    status = await m.status("n1")
+    assert [(s.name, s.version) for s in status.modules] == [("hosted", "1.0.0")]
+    assert len(script.of("hosted")) == 1 and len(script.of("hosted", "daemon")) == 1  # nothing of 1.0.0 was touched
+    assert all(c.running for c in script.of("hosted") + script.of("hosted", "daemon"))
+    _, code = await m.call("mesh.tool.hosted.greet", {})
+    assert code is None
