@@ -8,12 +8,14 @@ Ported from tests/test_node.py, tests/test_seat_lease.py and tests/test_seat_rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from runtime.bus.service_api import collect_infos
 from runtime.config import SeatsConfig
 from runtime.meshctl.seats import adopt
 from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
@@ -200,12 +202,13 @@ async def test_a_killed_holder_is_named_silent_and_no_call_lands_in_the_empty_st
     await m.kill("a")  # its lease lives on until it expires
     body = await answer(m, "mesh.seat.memory.get", "503")
     assert_seat_503(body, holder="a", node="b")
+    # While its lease lives, a is named silent (on a loaded machine b may first look after it expired).
     assert "does not answer" in body["error"]["message"] or "lives on node a's disk" in body["error"]["message"]
-    body = await answer(m, "mesh.seat.memory.get", "503")
     # Past the lease's life too: the data is a's, b's store stays empty.
     await until(lambda: _refused_home(m, "b", "a"), "b naming a's disk as the seat's home", timeout=8)
-    _, code = await m.call("mesh.tool.store.remember", {})
-    assert code == "503" and child_of(script, "b")[0].calls() == []
+    body, code = await m.call("mesh.tool.store.remember", {})
+    assert code == "503" and "its data lives on node a's disk" in body["error"]["message"]
+    assert child_of(script, "b")[0].calls() == []
 
 
 async def _refused_home(m: Mesh, node: str, home: str) -> bool:
@@ -297,3 +300,43 @@ async def test_a_module_removed_from_the_holder_releases_its_lease_and_a_replica
     assert (await seat_of(m, "b")).state == "held"
     lease = await (await SeatLeases.open(m.nc, 1.5)).read("memory")
     assert lease is not None and lease.record.node == "b"
+
+
+async def test_the_holder_upgraded_in_place_keeps_its_lease_and_serves_the_seat_from_the_new_version(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    await pair(m, tmp_path, script)
+    before = await (await SeatLeases.open(m.nc, 1.5)).read("memory")
+    v2 = module_folder(tmp_path / "a2", "store", seats=MEMORY, version="0.2.0")
+    await m.modules("a").add_module(placement(v2))
+    assert (await seat_of(m, "a")).state == "held"
+    _, code = await m.call("mesh.seat.memory.get", {})
+    assert code is None
+    old, new = child_of(script, "a")
+    assert not old.running and len(new.calls()) == 1
+    after = await (await SeatLeases.open(m.nc, 1.5)).read("memory")
+    assert before is not None and after is not None and after.record == before.record  # the same lease, renewed
+    assert (await seat_of(m, "b")).holder == "a"
+
+
+async def test_a_killed_holder_started_again_takes_its_own_lease_back_at_once(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    await pair(m, tmp_path, script)
+    await m.kill("a")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await m.start("a", store(tmp_path, "a"), seats=SEATS)
+    await m.bundle_state("a", "store/tools", "ready")
+    assert (await seat_of(m, "a")).state == "held"
+    assert loop.time() - started < 1.5, "it waited for its own lease to expire"
+    _, code = await m.call("mesh.tool.store.remember", {})
+    assert code is None and len(child_of(script, "a")[-1].calls()) == 1
+
+
+async def test_a_standby_node_lists_none_of_the_modules_endpoints(tmp_path: Path, m: Mesh, script: Script) -> None:
+    await pair(m, tmp_path, script)
+    infos = {i["metadata"]["node"]: i for i in await collect_infos(m.nc, 0.3)}
+    assert sorted(e["subject"] for e in infos["a"]["endpoints"]) == ["mesh.seat.memory.get", "mesh.tool.store.remember"]
+    assert infos["b"]["endpoints"] == [] and infos["b"]["metadata"]["seats"] == ""
+    assert infos["a"]["metadata"]["seats"] == "memory"
