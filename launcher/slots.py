@@ -39,18 +39,26 @@ class Slots:
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         self.waiting_bytes += size
+        got = False
         try:
-            await asyncio.wait_for(fut, timeout)
+            # Not wait_for: on 3.11 it swallows a cancel that comes as the slot is handed over, and
+            # a node's stop (every call cancelled at once) then wrote a call to the child instead.
+            async with asyncio.timeout(timeout):
+                await fut
+            got = True
             return True
         except TimeoutError:
             return False
         finally:
             self.waiting_bytes -= size
-            if not fut.done() or fut.cancelled():
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
+            if not got:
+                if fut.done() and not fut.cancelled():
+                    self.release()  # handed over as this waiter gave up (timeout, cancel): on to the next
+                else:
+                    try:
+                        self._waiters.remove(fut)
+                    except ValueError:
+                        pass
 
     def release(self) -> None:
         while self._waiters:

@@ -318,6 +318,14 @@ class ServiceApi:
                 log.warning("could not drain %s: %s", subject, e)
 
 
+    async def close_lanes(self) -> None:
+        """Every lane's connection closed, undrained (the node ends however it ends: a killed task
+        must not leave subscriptions on the server that take calls nobody answers)."""
+        groups, self._groups = self._groups, {}
+        for group in groups.values():
+            await self._close_lane(group)
+
+
 async def _close_quietly(nc: Client) -> None:
     try:
         await nc.close()

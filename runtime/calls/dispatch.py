@@ -241,7 +241,7 @@ class Dispatcher:
                 else:
                     served, body = await work
                 route = served
-                if len(body) > self.max_payload:
+                if len(body) > self.max_payload and a.msg.reply:  # nobody to fetch it without a reply subject
                     body, headers = await self._park(a.msg, served, body)
         except NodeError as e:
             error = e

@@ -139,16 +139,23 @@ class Node:
             await self.reaper.start()
             await self._serve(nats_cfg, placements or [])
         finally:
-            serving = self.serving
-            if serving is not None and not serving.nc.is_closed:
-                try:
-                    await serving.nc.drain()
-                except Exception:  # closing a broken connection: nothing left to save
-                    await serving.nc.close()
-            await self.reaper.close()
-            kill_marked(self.run_id)  # whatever a child left behind, even outside its group
-            if embedded is not None:
-                await embedded.stop()
+            # Shielded: a stop at once (a second SIGTERM, a cancelled task) still closes what it opened.
+            with anyio.CancelScope(shield=True):
+                serving = self.serving
+                if serving is not None:
+                    await serving.service.close_lanes()
+                    if not serving.nc.is_closed:
+                        with anyio.move_on_after(5):
+                            try:
+                                await serving.nc.drain()
+                            except Exception:  # closing a broken connection: nothing left to save
+                                pass
+                        if not serving.nc.is_closed:
+                            await serving.nc.close()
+                await self.reaper.close()
+                kill_marked(self.run_id)  # whatever a child left behind, even outside its group
+                if embedded is not None:
+                    await embedded.stop()
             log.info("node %s stopped", self.name)
 
     def _private_state(self) -> None:

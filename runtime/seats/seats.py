@@ -136,10 +136,15 @@ class Seats:
         await self.own_tools(entry)
 
     def release(self, entry: ModuleEntry) -> None:
-        """Forget what this module holds here (it goes, or its new version claims again)."""
+        """Forget what this module holds or was refused here (it goes, or its new version claims again);
+        what its keepers say stays until they close (`close_keepers`)."""
         for seat in entry.seats:
             self.table.seat_holders.pop(seat, None)
             self.status.pop(seat, None)
+        for key, status in list(self.status.items()):
+            keeper = self.keepers.get(status.seat)
+            if status.module == entry.name and (keeper is None or keeper.module != entry.name):
+                del self.status[key]  # a refused claim (a second claimant): said again if it claims again
 
     async def _claim(self, entry: ModuleEntry, seat: str, declared: Seat | None) -> None:
         holder = self.table.seat_holders.get(seat)

@@ -118,6 +118,8 @@ class SeatLeases:
         data = msgspec.json.encode(record)
         try:
             return Held(seat, await self.leases.create(seat_key(seat), data), record)
+        except KeyNotFoundError:  # nats-py's create looked again and found no key: it expired meanwhile, free
+            return await self.acquire_once_more(seat, record)
         except Exception as e:  # nats-py raises a few types for "exists"; anything else is a bus error
             if not _is_wrong_sequence(e) and "key exists" not in str(e).lower():
                 raise

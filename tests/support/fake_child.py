@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
+from launcher import step as step_module
 from launcher import supervise as supervise_module
 from launcher.bundle import BundleRunner, HealthPolicy, RestartPolicy, RunnerEvents, RunnerSpec
 from launcher.process import ChildSpec
@@ -28,8 +29,10 @@ class Behaviour:
     """What one started child does. Children are started in the order of the script."""
 
     handshake: bool = True  # answers initialize and tools/list
-    exit_after: float | None = None  # exits (code 1) this long after it started
+    exit_after: float | None = None  # exits (with `exit_code`) this long after it started
+    exit_code: int = 1
     tools: tuple[str, ...] = ("greet",)
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # a tool's inputSchema ({"type": "object"})
     stderr: str = ""  # a line written on stderr before anything else
     unstartable: bool = False  # spawn fails as exec would (no such file)
     exit_on_eof: bool = True  # an MCP child exits when its stdin closes; a service reads nothing
@@ -39,6 +42,8 @@ class Behaviour:
     single_threaded: bool = False  # while a call runs, nothing else is read (pings wait behind it)
     garbage_every: float | None = None  # writes a line that is not JSON-RPC this often
     handshake_after: float = 0.0  # the handshake's answers come this late (a slow start)
+    handshake_gate: asyncio.Future[None] | None = None  # ...or only once the test completes this (a start it ends)
+    progress: int = 0  # notifications/progress 1..n (with the call's token, if it has one) as a call arrives
 
 
 def echo(tool: str, arguments: dict[str, Any]) -> Any:
@@ -50,16 +55,26 @@ class Script:
     children: list[Behaviour] = field(default_factory=list)
     default: Behaviour = field(default_factory=lambda: Behaviour(answer=echo))
     started: list[FakeChild] = field(default_factory=list)
-    # A node's children, by the module they are of (MESH_MODULE): each module's starts in order,
-    # its last behaviour again for every later start.
+    # A node's children, by the bundle ("module/bundle") or else the module they are of (MESH_MODULE,
+    # MESH_BUNDLE): each one's starts in order, its last behaviour again for every later start.
     modules: dict[str, list[Behaviour]] = field(default_factory=dict)
 
     def next(self, spec: ChildSpec | None = None) -> Behaviour:
-        module = spec.env.get("MESH_MODULE") if spec is not None else None
-        if module in self.modules:
-            queue = self.modules[module]
-            return queue.pop(0) if len(queue) > 1 else queue[0]
+        env = spec.env if spec is not None else {}
+        module = env.get("MESH_MODULE")
+        for key in (f"{module}/{env.get('MESH_BUNDLE')}", module):
+            if key in self.modules:
+                queue = self.modules[key]
+                return queue.pop(0) if len(queue) > 1 else queue[0]
         return self.children.pop(0) if self.children else self.default
+
+    def of(self, module: str, bundle: str = "tools") -> list[FakeChild]:
+        """The children started for one bundle, oldest first."""
+        return [
+            c
+            for c in self.started
+            if c.spec is not None and (c.spec.env.get("MESH_MODULE"), c.spec.env.get("MESH_BUNDLE")) == (module, bundle)
+        ]
 
 
 class FakeChild:
@@ -79,6 +94,7 @@ class FakeChild:
         self.last_output = loop.time()
         self.broken_reason: str | None = None
         self.received: list[dict[str, Any]] = []
+        self.tools = behaviour.tools  # its own: `change_tools` changes this child's list only
         self._loop = loop
         self._busy_until = 0.0
         if behaviour.garbage_every is not None:
@@ -86,7 +102,7 @@ class FakeChild:
         if behaviour.stderr:
             on_stderr(behaviour.stderr.encode())
         if behaviour.exit_after is not None:
-            loop.call_later(behaviour.exit_after, self.exit, 1)
+            loop.call_later(behaviour.exit_after, self.exit, behaviour.exit_code)
 
     @classmethod
     async def spawn(
@@ -131,6 +147,26 @@ class FakeChild:
         pass
 
     # --- the child's side ------------------------------------------------------------------------
+    def calls(self) -> list[dict[str, Any]]:
+        """The tools/call requests it received, in order."""
+        return [m for m in self.received if m.get("method") == "tools/call"]
+
+    def cancels(self) -> list[dict[str, Any]]:
+        """The params of every notifications/cancelled it received."""
+        return [m["params"] for m in self.received if m.get("method") == "notifications/cancelled"]
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        if self.running:
+            message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+            if params is not None:
+                message["params"] = params
+            self.on_stdout(json.dumps(message).encode())
+
+    def change_tools(self, tools: tuple[str, ...]) -> None:
+        """Its tool list changes, and it says so (notifications/tools/list_changed)."""
+        self.tools = tools
+        self.notify("notifications/tools/list_changed")
+
     def exit(self, status: int) -> None:
         if not self.exited.done():
             self.exited.set_result(status)
@@ -148,10 +184,24 @@ class FakeChild:
             delay = b.handshake_after
         elif method == "tools/call":
             delay = b.call_seconds
+            if b.progress:
+                self._loop.call_soon(self._progress, (message["params"].get("_meta") or {}).get("progressToken"))
+        gate = b.handshake_gate
+        if method in ("initialize", "tools/list") and gate is not None and not gate.done():
+            gate.add_done_callback(lambda _: self._answer(message))
+            return
         start = max(now, self._busy_until) if b.single_threaded else now
         if b.single_threaded:
             self._busy_until = start + delay
         self._loop.call_at(start + delay, self._answer, message)
+
+    def _progress(self, token: Any) -> None:
+        if token is None:
+            return  # its caller did not ask: a child sends no progress then
+        n = self.behaviour.progress
+        for i in range(1, n + 1):
+            params = {"progressToken": token, "progress": i, "total": n, "message": f"step {i}"}
+            self.notify("notifications/progress", params)
 
     def _garbage(self) -> None:
         if self.running and self.behaviour.garbage_every is not None:
@@ -173,7 +223,10 @@ class FakeChild:
                 },
             )
         elif method == "tools/list" and b.handshake:
-            self._reply(rid, {"tools": [{"name": t, "inputSchema": {"type": "object"}} for t in b.tools]})
+            schemas = b.schemas
+            self._reply(
+                rid, {"tools": [{"name": t, "inputSchema": schemas.get(t, {"type": "object"})} for t in self.tools]}
+            )
         elif method == "ping" and b.answers_ping:
             self._reply(rid, {})
         elif method == "tools/call" and b.answer is not None:
@@ -242,6 +295,7 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Script:
     s = Script()
     monkeypatch.setattr(FakeChild, "script", s, raising=False)
     monkeypatch.setattr(supervise_module, "ChildProcess", FakeChild)  # every supervised child spawns there
+    monkeypatch.setattr(step_module, "ChildProcess", FakeChild)  # and every step
     return s
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import json
 import os
@@ -18,12 +19,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from launcher.bundle import HealthPolicy, RestartPolicy
 from launcher.reaper import Reaper
@@ -31,7 +33,9 @@ from manifests import load_module
 from runtime.bus.embedded import nats_server_binary
 from runtime.config import NatsConfig, NodeConfig
 from runtime.hosting.placement import Placement, from_source
+from runtime.node.modules import ModuleHost
 from runtime.node.node import Node
+from runtime.wire.callproto import FRAME
 from runtime.wire.control import NodeStatus
 from runtime.wire.subjects import STATUS, node_subject
 from tests.support.mesh import stop_process, wait_port
@@ -108,16 +112,28 @@ class InertReaper(Reaper):
         pass
 
 
-def module_folder(root: Path, name: str, *, seats: str = "", timeout_ms: int = 2000, bundle: str = "") -> Path:
-    """A module whose one tools bundle is a Python child (faked): `seats` and `bundle` add TOML."""
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "main.py").write_text("# the fake child runs in the test's process\n")
-    (folder / "module.toml").write_text(
-        f'name = "{name}"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\n'
-        f'source = "."\nentry = ["python", "main.py"]\ntimeout_ms = {timeout_ms}\n{bundle}\n{seats}\n'
+def module_folder(
+    root: Path,
+    name: str,
+    *,
+    seats: str = "",
+    timeout_ms: int = 2000,
+    bundle: str = "",
+    version: str = "0.1.0",
+    folder: str = "",
+    extra: str = "",
+) -> Path:
+    """A module whose one tools bundle is a Python child (faked): `bundle` adds TOML to that bundle,
+    `seats` and `extra` after it (more [[seat]] or [[bundle]] tables); `folder` names the folder
+    when it is not the module's name (two versions side by side)."""
+    where = root / (folder or name)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "main.py").write_text("# the fake child runs in the test's process\n")
+    (where / "module.toml").write_text(
+        f'name = "{name}"\nversion = "{version}"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\n'
+        f'source = "."\nentry = ["python", "main.py"]\ntimeout_ms = {timeout_ms}\n{bundle}\n{seats}\n{extra}\n'
     )
-    return folder
+    return where
 
 
 def placement(folder: Path) -> Placement:
@@ -138,15 +154,17 @@ class Mesh:
     _tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     def config(self, name: str, **more: Any) -> NodeConfig:
-        return NodeConfig(
+        """The node's config: fast policies, this test's account; `more` overrides any field."""
+        fields: dict[str, Any] = dict(
             name=name,
             state_dir=str(self.tmp / f"state-{name}"),
             nats=self.nats,
             restart=FAST_RESTART,
             health=FAST_HEALTH,
-            drain_timeout_s=2.0,
-            **more,
+            drain_timeout_s=0.5,  # a test that ends with calls in flight waits this long for them
+            membership=False,  # the reconciler's two buckets cost each test; the delivery tests ask for it
         )
+        return NodeConfig(**(fields | more))
 
     async def start(self, name: str, *folders: Path, **config: Any) -> Node:
         """A node serving `folders`, running until the test ends (or `stop`); returns once it serves."""
@@ -162,6 +180,24 @@ class Mesh:
         self.nodes[name].request_stop()
         with anyio.fail_after(10):
             await self._tasks[name]
+
+    async def kill(self, name: str) -> None:
+        """As SIGKILL, as far as the bus can tell: the node's task is cancelled, so nothing of a clean
+        stop happens (no drain, no 503 `node_stopping`, leases not released), and its connection closes."""
+        task = self._tasks[name]
+        task.cancel()
+        with anyio.fail_after(10):
+            await asyncio.gather(task, return_exceptions=True)
+
+    def running(self, name: str) -> bool:
+        """Whether node `name`'s `run` goes on (it never ends of what a module or a caller does)."""
+        return not self._tasks[name].done()
+
+    def modules(self, name: str) -> ModuleHost:
+        """The module host of a serving node: what delivery and the control subjects change."""
+        serving = self.nodes[name].serving
+        assert serving is not None, f"node {name} does not serve"
+        return serving.control.modules
 
     async def close(self) -> None:
         for name, task in self._tasks.items():
@@ -191,10 +227,51 @@ class Mesh:
         self, subject: str, args: Any = None, headers: dict[str, str] | None = None, timeout: float = 5
     ) -> tuple[dict[str, Any], str | None]:
         """(the reply body, its Nats-Service-Error-Code or None)."""
-        body = b"" if args is None else (args if isinstance(args, bytes) else json.dumps(args).encode())
-        msg = await self.nc.request(subject, body, timeout=timeout, headers=headers)
+        msg = await self.nc.request(subject, _body(args), timeout=timeout, headers=headers)
         code = (msg.headers or {}).get("Nats-Service-Error-Code")
         return (json.loads(msg.data) if msg.data else {}), code
+
+    async def frames(
+        self, subject: str, args: Any = None, headers: dict[str, str] | None = None, wait: float = 5
+    ) -> list[Msg]:
+        """Every message on a fresh inbox: interim frames (Mesh-Frame) up to and with the final reply,
+        or what came within `wait` s (nothing, for a call that is not answered)."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        got: list[Msg] = []
+        try:
+            await self.nc.publish(subject, _body(args), reply=inbox, headers=headers)
+            with anyio.move_on_after(wait):
+                async for msg in sub.messages:
+                    got.append(msg)
+                    if not (msg.headers and FRAME in msg.headers):
+                        break
+        finally:
+            await sub.unsubscribe()
+        return got
+
+
+def _body(args: Any) -> bytes:
+    return b"" if args is None else (args if isinstance(args, bytes) else json.dumps(args).encode())
+
+
+def code_of(msg: Msg) -> str | None:
+    """A reply's Nats-Service-Error-Code, None for a result."""
+    return (msg.headers or {}).get("Nats-Service-Error-Code")
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 5, every: float = 0.005) -> Any:
+    """Poll `check` (a function or a coroutine function) until it gives something true; that, or fail naming `what`."""
+    last: Any = None
+    with anyio.move_on_after(timeout):
+        while True:
+            last = check()
+            if inspect.isawaitable(last):
+                last = await last
+            if last:
+                return last
+            await anyio.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
 
 
 @contextlib.asynccontextmanager
