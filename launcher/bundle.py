@@ -97,6 +97,9 @@ class BundleStatus(msgspec.Struct):
     runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
     state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
     era: str | None = None  # "handshake" (initialize) or "stateless" (server/discover, 2026-07-28)
+    # What its child runs confined with (launcher/sandbox.py `describe`): "landlock v7 + seccomp
+    # + netns", or "none: <reason>"; "" before its first start.
+    confinement: str = ""
 
 
 class Lifecycle(Protocol):
@@ -124,6 +127,7 @@ def bundle_status(
     calls: int = 0,
     state_for_s: float = 0.0,
     era: str | None = None,
+    confinement: str = "",
 ) -> BundleStatus:
     """A bundle's status: its runner's life, and the facts only a tools bundle has (none for a service)."""
     return BundleStatus(
@@ -144,6 +148,7 @@ def bundle_status(
         runs=runs,
         state_for_s=state_for_s,
         era=era,
+        confinement=confinement,
     )
 
 
@@ -366,6 +371,7 @@ class BundleRunner(Supervised):
             in_flight=session.in_flight if session else 0,
             calls=self.calls,
             state_for_s=round(time.monotonic() - self.state_since, 1),
+            confinement=self.confinement,
         )
 
     # --- one life of the child --------------------------------------------------------

@@ -50,7 +50,13 @@ class ServiceRunner(Supervised):
 
     def status(self) -> BundleStatus:
         return bundle_status(
-            self, self.spec.module, self.spec.name, self.spec.language, list(self.stderr_tail), kind="service"
+            self,
+            self.spec.module,
+            self.spec.name,
+            self.spec.language,
+            list(self.stderr_tail),
+            kind="service",
+            confinement=self.confinement,
         )
 
     async def _run_once(self) -> float | None:

@@ -70,6 +70,7 @@ class FakeChild:
         self.stderr_closed.set_result(None)
         self.last_output = loop.time()
         self.broken_reason: str | None = None
+        self.confinement = "none: a fake child"
         self.received: list[dict[str, Any]] = []
         self._loop = loop
         self._busy_until = 0.0
