@@ -480,7 +480,9 @@ static void said(const char *name, int ok) {
 /* What this kernel lets this user do, tried in this process (which then exits). */
 static int probe(void) {
     int abi = landlock_abi();
+    int landlock_errno = errno;
     printf("landlock=%d", abi);
+    errno = landlock_errno;
     if (abi == 0) said("landlock_error", 0);
     if (geteuid() == 0) {
         printf(" userns=root");
