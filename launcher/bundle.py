@@ -400,12 +400,13 @@ class BundleRunner(Supervised):
                 self._set_state("ready")
                 ready_at = asyncio.get_running_loop().time()
                 log.info(
-                    "bundle %s ready: pid %d, MCP %s (%s), %d tools",
+                    "bundle %s ready: pid %d, MCP %s (%s), %d tools; confinement: %s",
                     self.key,
                     child.pid,
                     session.protocol_version,
                     session.era,
                     len(tools),
+                    child.confinement,
                 )
                 tg.start_soon(self._health, child, session)
                 tg.start_soon(self._relist_tools, session)

@@ -91,6 +91,7 @@ SYSTEM_READ: tuple[str, ...] = (
     "/proc",
     "/sys/devices/system/cpu",
     "/sys/fs/cgroup",
+    "/sys/kernel/mm/transparent_hugepage",  # Go's runtime sizes its heap pages by it
     "/dev/zero",
     "/dev/full",
     "/dev/random",
