@@ -178,6 +178,15 @@ class Support:
             out.append("seccomp filters are refused")
         return out
 
+    def weaker(self) -> list[str]:
+        """What this machine's confinement lacks that is said but refuses nothing: a kernel with
+        Landlock's files and TCP rules but not its scopes (Linux 6.7 to 6.11) still confines."""
+        if self.helper is None or self.landlock_abi == 0 or self.landlock_abi >= LANDLOCK_SCOPE_ABI:
+            return []
+        return [
+            f"Landlock v{self.landlock_abi} has no scopes (v6, Linux 6.12): signals out of the sandbox are not refused"
+        ]
+
 
 @functools.cache
 def helper() -> tuple[str | None, str]:
@@ -326,7 +335,7 @@ def describe(confinement: Confinement | None, support: Support | None, reason: s
         parts.append("tcp " + ",".join(sorted({str(e.port) for e in confinement.network}, key=int)))
     else:
         parts.append("tcp unrestricted")
-    missing = support.missing(confinement)
+    missing = support.missing(confinement) + support.weaker()
     line = " + ".join(parts)
     return f"{line} (missing: {'; '.join(missing)})" if missing else line
 
