@@ -286,6 +286,7 @@ class BundleRunner(Supervised):
             in_flight=session.in_flight if session else 0,
             calls=self.calls,
             state_for_s=round(time.monotonic() - self.state_since, 1),
+            confinement=self.confinement,
         )
 
     # --- one life of the child --------------------------------------------------------
@@ -315,12 +316,13 @@ class BundleRunner(Supervised):
                 self._set_state("ready")
                 ready_at = asyncio.get_running_loop().time()
                 log.info(
-                    "bundle %s ready: pid %d, MCP %s (%s), %d tools",
+                    "bundle %s ready: pid %d, MCP %s (%s), %d tools; confinement: %s",
                     self.key,
                     child.pid,
                     session.protocol_version,
                     session.era,
                     len(tools),
+                    child.confinement,
                 )
                 tg.start_soon(self._health, child, session)
                 tg.start_soon(self._relist_tools, session)

@@ -22,7 +22,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
+import anyio
+import anyio.to_thread
+
+from . import sandbox
 from .cgroup import joiner, place
+from .sandbox import Confinement
 
 READ_SIZE = 64 * 1024
 PR_SET_PDEATHSIG = 1
@@ -48,6 +53,8 @@ class ChildSpec:
     # A cgroup (v2) folder the child starts in (launcher/cgroup.py), where the node can make them.
     cgroup: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # What the child may reach (launcher/sandbox.py); None: what its user may (said in status).
+    confinement: Confinement | None = None
 
 
 def use_pidfd_child_watcher() -> None:
@@ -254,25 +261,42 @@ class ChildProcess:
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.stderr_closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.broken_reason: str | None = None
+        self.confinement = "none: not asked for"  # what it runs with, in one line (sandbox.describe)
 
     @classmethod
     async def spawn(cls, spec: ChildSpec, on_stdout: LineHandler, on_stderr: LineHandler) -> ChildProcess:
         loop = asyncio.get_running_loop()
         child = cls(on_stdout, on_stderr, spec)
         group, extra_groups = _identity(spec.user, spec.group)
-        # The parent-death signal is set by setpriv, which then execs the child in place (same
-        # pid): without a preexec_fn, Python spawns with vfork, 2.7 ms -> 0.8 ms a child for a
-        # node-sized process. Without setpriv, a preexec_fn sets it (and the reaper covers both).
-        setpriv = _setpriv()
-        if setpriv:
-            _check_runnable(spec.argv[0], spec.env.get("PATH"))  # what exec would say, said here
-        argv = [setpriv, "--pdeathsig", "KILL", "--", *spec.argv] if setpriv else spec.argv
-        preexec = _preexec(None if setpriv else _die_with_parent(os.getpid()), spec.cgroup)
+        env = spec.env
+        confinement = spec.confinement or sandbox.trial_confinement(spec.argv, spec.env)
+        if confinement is not None:
+            # The sandbox helper sets the parent-death signal, confines, then execs the child in
+            # place (same pid): no preexec_fn, so Python still spawns with vfork.
+            if not sandbox.is_ready(spec.user, spec.group):  # the first time only: a probe (and maybe a build)
+                await anyio.to_thread.run_sync(sandbox.support, spec.user, spec.group)
+            support = sandbox.support(spec.user, spec.group)
+            prefix = sandbox.helper_argv(confinement, support, os.getpid())  # SandboxUnavailable: not started
+            _check_runnable(spec.argv[0], spec.env.get("PATH"))
+            sandbox.prepare_folders(confinement, spec.user, group)
+            env = {**spec.env, "TMPDIR": confinement.tmp_dir}
+            argv = [*prefix, "--", *spec.argv]
+            preexec = _preexec(None, spec.cgroup)
+            child.confinement = sandbox.describe(confinement, support)
+        else:
+            # The parent-death signal is set by setpriv, which then execs the child in place (same
+            # pid): without a preexec_fn, Python spawns with vfork, 2.7 ms -> 0.8 ms a child for a
+            # node-sized process. Without setpriv, a preexec_fn sets it (and the reaper covers both).
+            setpriv = _setpriv()
+            if setpriv:
+                _check_runnable(spec.argv[0], spec.env.get("PATH"))  # what exec would say, said here
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *spec.argv] if setpriv else spec.argv
+            preexec = _preexec(None if setpriv else _die_with_parent(os.getpid()), spec.cgroup)
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(child),
             *argv,
             cwd=spec.cwd,
-            env=spec.env,
+            env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -50,7 +50,13 @@ class ServiceRunner(Supervised):
 
     def status(self) -> BundleStatus:
         return bundle_status(
-            self, self.spec.module, self.spec.name, self.spec.language, list(self.stderr_tail), kind="service"
+            self,
+            self.spec.module,
+            self.spec.name,
+            self.spec.language,
+            list(self.stderr_tail),
+            kind="service",
+            confinement=self.confinement,
         )
 
     async def _run_once(self) -> float | None:
@@ -60,7 +66,12 @@ class ServiceRunner(Supervised):
         child.close_stdin()  # the node writes nothing to a service: it reads end of file, as from /dev/null
         up_since = asyncio.get_running_loop().time()
         self._set_state("running")
-        log.info("service %s running: pid %d (supervised by the node)", self.key, child.pid)
+        log.info(
+            "service %s running: pid %d (supervised by the node); confinement: %s",
+            self.key,
+            child.pid,
+            child.confinement,
+        )
         try:
             async with anyio.create_task_group() as tg:
                 self._watch(tg, child)  # until it exits, or a stop or an operator's restart

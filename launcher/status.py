@@ -26,6 +26,9 @@ class BundleStatus(msgspec.Struct):
     runs: str = "node"  # who runs it: node (supervised here) | systemd (a unit)
     state_for_s: float = 0.0  # how long it has been in `state` (e.g. how long a build has run)
     era: str | None = None  # "handshake" (initialize) or "stateless" (server/discover, 2026-07-28)
+    # What its child runs confined with (launcher/sandbox.py `describe`): "landlock v7 + seccomp
+    # + netns", or "none: <reason>"; "" before its first start.
+    confinement: str = ""
 
 
 class Lifecycle(Protocol):
@@ -53,6 +56,7 @@ def bundle_status(
     calls: int = 0,
     state_for_s: float = 0.0,
     era: str | None = None,
+    confinement: str = "",
 ) -> BundleStatus:
     """A bundle's status: its runner's life, and the facts only a tools bundle has (none for a service)."""
     return BundleStatus(
@@ -73,4 +77,5 @@ def bundle_status(
         runs=runs,
         state_for_s=state_for_s,
         era=era,
+        confinement=confinement,
     )

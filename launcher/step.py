@@ -19,6 +19,7 @@ from .cgroup import remove as remove_cgroup
 from .logbudget import LogBudget
 from .process import ChildProcess, ChildSpec
 from .reaper import Reaper, kill_marked
+from .sandbox import SandboxUnavailable
 from .supervise import STDERR_TAIL, describe_exit
 
 log = logging.getLogger("mesh.step")
@@ -30,6 +31,7 @@ class StepOutcome(msgspec.Struct, frozen=True):
     exit: str  # "exit code 0", "killed by SIGKILL", "timed out after 30 s", "did not start: ..."
     seconds: float
     output_tail: list[str]  # its last lines, stdout and stderr as they came
+    confinement: str = ""  # what it ran with (launcher/sandbox.py describe)
 
 
 async def run_step(
@@ -60,6 +62,8 @@ async def run_step(
     started = loop.time()
     try:
         child = await ChildProcess.spawn(child_spec, line, line)
+    except SandboxUnavailable as e:
+        return StepOutcome(False, f"did not start: {child_spec.argv[0]}: {e}", 0.0, [], f"refused: {e.reason}")
     except OSError as e:
         return StepOutcome(False, f"did not start: {child_spec.argv[0]}: {e.strerror or e}", 0.0, [])
     if reaper is not None:
@@ -89,5 +93,5 @@ async def run_step(
                 )  # nothing it started outlives it
     seconds = round(loop.time() - started, 3)
     if timed_out:
-        return StepOutcome(False, f"timed out after {timeout_s:g} s (killed)", seconds, list(tail))
-    return StepOutcome(status == 0, describe_exit(status), seconds, list(tail))
+        return StepOutcome(False, f"timed out after {timeout_s:g} s (killed)", seconds, list(tail), child.confinement)
+    return StepOutcome(status == 0, describe_exit(status), seconds, list(tail), child.confinement)

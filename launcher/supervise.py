@@ -29,6 +29,7 @@ from .logbudget import LogBudget
 from .process import ChildProcess, ChildSpec
 from .reaper import Reaper, kill_marked
 from .restart import GiveUp, RestartPolicy, Restarts
+from .sandbox import SandboxUnavailable
 
 log = logging.getLogger("mesh.bundle")
 _RUNNER_SERIAL = itertools.count(1)
@@ -70,6 +71,7 @@ class Supervised:
         self.last_exit: str | None = None
         self.last_error: str | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+        self.confinement = ""  # what its last child ran with (launcher/sandbox.py describe)
         self._child: ChildProcess | None = None
         self._changed = asyncio.Event()
         self._wake = asyncio.Event()  # reset or stop requested
@@ -226,6 +228,12 @@ class Supervised:
         self._child_spec = child_spec = self._here(self._child_spec)
         try:
             child = await ChildProcess.spawn(child_spec, on_stdout, self._stderr_line)
+        except SandboxUnavailable as e:
+            self.confinement = f"refused: {e.reason}"
+            self.last_error = f"cannot start {child_spec.argv[0]}: {e}"
+            self.last_exit = "did not start"
+            log.error("bundle %s: %s", self.key, self.last_error)
+            return None
         except OSError as e:
             self.last_error = f"cannot start {child_spec.argv[0]}: {e.strerror or e}"
             self.last_exit = "did not start"
@@ -234,6 +242,7 @@ class Supervised:
         if self._reaper is not None:
             self._reaper.register(child.pid)
         self._child, self.pid = child, child.pid
+        self.confinement = child.confinement
         return child
 
     def _here(self, spec: ChildSpec) -> ChildSpec:

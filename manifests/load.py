@@ -6,16 +6,19 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import msgspec
 
 from .model import (
+    ENDPOINT_RULE,
     ENV_NAME_RE,
     FAILOVERS,
     KINDS,
     LANGUAGES,
+    LIMIT_RANGES,
+    MAX_SANDBOX_ENTRIES,
     NAME_RE,
     SEAT_NAME_RE,
     VERSION_RE,
@@ -23,6 +26,7 @@ from .model import (
     BundleManifest,
     Module,
     Seat,
+    parse_endpoint,
 )
 
 MANIFEST_NAME = "module.toml"
@@ -255,12 +259,52 @@ class _Validator:
         pass_env = b.get("pass_env", [])
         if not isinstance(pass_env, list) or not all(isinstance(x, str) and ENV_NAME_RE.match(x) for x in pass_env):
             self.add(f"{where}.pass_env", "must be a list of environment variable names")
-        for field, low, high in (("timeout_ms", 1, 24 * 3600 * 1000), ("max_in_flight", 1, 100_000)):
+        ranges = [("timeout_ms", 1, 24 * 3600 * 1000), ("max_in_flight", 1, 100_000)]
+        ranges += [(field, low, high) for field, (low, high) in LIMIT_RANGES.items()]
+        for field, low, high in ranges:
             if field in b:
                 v = b[field]
                 if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
                     self.add(f"{where}.{field}", f"is {_shown(v)}; write a whole number from {low} to {high}")
+        for field in ("read", "write"):
+            self.sandbox_paths(f"{where}.{field}", b.get(field, []))
+        self.network(f"{where}.network", b.get("network", []))
         return b.get("name") if ok else None
+
+    def sandbox_list(self, field: str, value: Any, example: str) -> list[Any]:
+        if not isinstance(value, list):
+            self.add(field, f"is {_shown(value)}; write a list, e.g. {example}")
+            return []
+        if len(value) > MAX_SANDBOX_ENTRIES:
+            self.add(field, f"has {len(value)} entries; at most {MAX_SANDBOX_ENTRIES}")
+            return []
+        return value
+
+    def sandbox_paths(self, field: str, value: Any) -> None:
+        """`read` / `write`: absolute paths on the node, or relative ones inside the bundle folder."""
+        for i, path in enumerate(self.sandbox_list(field, value, '["/srv/models"]')):
+            at = f"{field}[{i}]"
+            if not isinstance(path, str) or not path:
+                self.add(at, f'is {_shown(path)}; write a path, e.g. "/srv/models" or "cache" (inside the bundle)')
+            elif "\0" in path or len(path) > 4096:
+                self.add(at, f"{_shown(path)} contains a NUL character or is longer than 4096; write a plain path")
+            elif path.startswith("~"):
+                self.add(at, f"{path!r}: ~ is not expanded; write the absolute path")
+            elif ".." in PurePosixPath(path).parts:
+                why = "escapes the bundle folder" if not path.startswith("/") else "has a .. in it"
+                self.add(at, f"{path!r} {why}; write an absolute path for a folder outside the bundle, without ..")
+            elif PurePosixPath(path) == PurePosixPath("/"):
+                self.add(at, '"/" would open the whole machine to the bundle; name the folders it needs')
+
+    def network(self, field: str, value: Any) -> None:
+        for i, entry in enumerate(self.sandbox_list(field, value, '["127.0.0.1:5432", "*:443"]')):
+            if not isinstance(entry, str):
+                self.add(f"{field}[{i}]", f"is {_shown(entry)}; {ENDPOINT_RULE}")
+                continue
+            try:
+                parse_endpoint(entry)
+            except ValueError as e:
+                self.add(f"{field}[{i}]", str(e))
 
     def inside(self, field: str, rel: str) -> bool:
         if "\0" in rel:  # the OS refuses such a path (resolve() would raise ValueError)

@@ -34,6 +34,9 @@ fi
 python -m pip install --disable-pip-version-check --quiet --upgrade pip
 python -m pip install --disable-pip-version-check --quiet -e '.[test]'
 bash scripts/setup-python.sh
+# The sandbox helper every confined child starts through (launcher/sandbox_exec.c), built now so
+# that the first child does not wait for gcc; it says what this machine's kernel allows.
+python -m launcher.sandbox probe
 
 for lang in c go rust typescript systemd imports litestream; do
   script="scripts/setup-$lang.sh"

@@ -93,6 +93,7 @@ class FakeChild:
         self.stderr_closed.set_result(None)
         self.last_output = loop.time()
         self.broken_reason: str | None = None
+        self.confinement = "none: a fake child"
         self.received: list[dict[str, Any]] = []
         self.tools = behaviour.tools  # its own: `change_tools` changes this child's list only
         self._loop = loop

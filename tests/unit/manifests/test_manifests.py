@@ -146,6 +146,37 @@ CASES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "artifact unknown field": ('name = "memory"',
                                'name = "memory"\n\n[[artifact]]\nkind = "image"\nref = "x"\nimage = "y"',
                                "artifact[0].image", ("unknown field", "ref")),
+    # Confinement (issue 24): paths, TCP destinations, limits.
+    "read escapes the bundle": ("timeout_ms = 30000", 'read = ["../other-bundle"]', "bundle[0].read[0]",
+                                ("'../other-bundle'", "escapes the bundle folder", "absolute path")),
+    "read with .. in an absolute path": ("timeout_ms = 30000", 'read = ["/srv/../etc"]', "bundle[0].read[0]",
+                                         ("has a .. in it",)),
+    "read the whole machine": ("timeout_ms = 30000", 'read = ["/"]', "bundle[0].read[0]",
+                               ("whole machine", "name the folders")),
+    "read with ~": ("timeout_ms = 30000", 'read = ["~/.npmrc"]', "bundle[0].read[0]", ("not expanded", "absolute")),
+    "read not a list": ("timeout_ms = 30000", 'read = "/srv"', "bundle[0].read", ("write a list",)),
+    "write not a string": ("timeout_ms = 30000", "write = [3]", "bundle[0].write[0]", ("is 3", "write a path")),
+    "write with NUL": ("timeout_ms = 30000", 'write = ["ca\\u0000che"]', "bundle[0].write[0]", ("NUL",)),
+    "network without a port": ("timeout_ms = 30000", 'network = ["db.example.com"]', "bundle[0].network[0]",
+                               ("has no port", '"127.0.0.1:5432"')),
+    "network every port": ("timeout_ms = 30000", 'network = ["*:*"]', "bundle[0].network[0]",
+                           ("by port", "name the ports")),
+    "network port zero": ("timeout_ms = 30000", 'network = ["127.0.0.1:0"]', "bundle[0].network[0]",
+                          ("from 1 to 65535",)),
+    "network port too big": ("timeout_ms = 30000", 'network = ["*:65536"]', "bundle[0].network[0]",
+                             ("'65536'", "from 1 to 65535")),
+    "network bad host": ("timeout_ms = 30000", 'network = ["-db-:5432"]', "bundle[0].network[0]",
+                         ("is not a host",)),
+    "network bad IPv4": ("timeout_ms = 30000", 'network = ["127.0.0.256:5432"]', "bundle[0].network[0]",
+                         ("not an IPv4 address",)),
+    "network IPv6 unbracketed": ("timeout_ms = 30000", 'network = ["::1:5432"]', "bundle[0].network[0]",
+                                 ("in brackets",)),
+    "network a number": ("timeout_ms = 30000", "network = [5432]", "bundle[0].network[0]", ("HOST:PORT",)),
+    "max_memory_mb too small": ("timeout_ms = 30000", "max_memory_mb = 8", "bundle[0].max_memory_mb",
+                                ("is 8", "from 16 to 1048576")),
+    "max_processes zero": ("timeout_ms = 30000", "max_processes = 0", "bundle[0].max_processes", ("from 1 to 65536",)),
+    "max_open_files a string": ("timeout_ms = 30000", 'max_open_files = "many"', "bundle[0].max_open_files",
+                                ("'many'", "whole number")),
     "artifact build not a string": ('name = "memory"',
                                     'name = "memory"\n\n[[artifact]]\nkind = "image"\nref = "x"\nbuild = 1',
                                     "artifact[0].build", ("path string",)),
@@ -272,6 +303,13 @@ def test_good_manifest_loads_with_values_and_defaults(given_as: str) -> None:
     assert m.tools_bundles() == [tools] and m.seat_names() == ["memory", "clock"]
     assert loaded.source_dir(tools) == (folder / "go").resolve() and loaded.source_dir(tools).is_dir()
     assert loaded.source_dir(worker) == (folder / "worker").resolve()
+
+
+def test_confinement_fields_load_with_their_values() -> None:
+    bundle = load_module(Path(__file__).resolve().parents[2] / "children" / "sandbox-probe").module.bundle[0]
+    assert (bundle.read, bundle.write) == (["/srv/models"], ["cache"])
+    assert bundle.endpoints() == [("127.0.0.1", 5432), ("*", 443)]
+    assert (bundle.max_memory_mb, bundle.max_processes, bundle.max_open_files) == (512, 64, 256)
 
 
 def test_minimal_manifest_defaults(tmp_path: Path) -> None:
