@@ -2,13 +2,15 @@
 
 HTTP is the `mcp` package's Streamable HTTP app: one endpoint (`/mcp`) that speaks both the
 2025-11-25 session (`initialize`, `Mcp-Session-Id`) and the 2026-07-28 stateless revision
-(`server/discover`). The Host and Origin of every request are checked: a browser page of
-another origin cannot reach the mesh's tools through a face on this machine.
+(`server/discover`), behind the face's front (http_front.py), which answers the hot path's
+requests itself. The Host and Origin of every request are checked: a browser page of another
+origin cannot reach the mesh's tools through a face on this machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import ipaddress
 import logging
 import signal
@@ -20,7 +22,8 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
 from runtime.meshctl.face.catalog import FaceError
-from runtime.meshctl.face.json_replies import JsonReplies, PerRequest
+from runtime.meshctl.face.http_front import FaceFront
+from runtime.meshctl.face.json_replies import PerRequest
 from runtime.meshctl.face.server import Face
 
 log = logging.getLogger("mesh.face")
@@ -67,7 +70,16 @@ async def serve_http(face: Face, host: str, port: int, security: TransportSecuri
     app = face.server.streamable_http_app(
         host=host, transport_security=security, max_sessions=MAX_HTTP_SESSIONS, json_response=cast(bool, PerRequest())
     )
-    config = uvicorn.Config(JsonReplies(app), host=host.strip("[]"), port=port, log_level="warning", lifespan="on")
+    front = FaceFront(app, face, security)
+    config = uvicorn.Config(
+        front,
+        host=host.strip("[]"),
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+        http=http_protocol(),
+    )
     server = _Uvicorn(config)
     async with anyio.create_task_group() as tg:
         await tg.start(face.watch)
@@ -82,6 +94,11 @@ async def serve_http(face: Face, host: str, port: int, security: TransportSecuri
         log.info("MCP face on http://%s:%d/mcp (%d tools)", host, port, len(face.catalog.tools))
         await server.serve()
         tg.cancel_scope.cancel()
+
+
+def http_protocol() -> str:
+    """httptools (C) when installed: bench/face_servers.py measured uvicorn with it against granian."""
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
 
 
 class _Uvicorn(uvicorn.Server):
