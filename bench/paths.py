@@ -235,3 +235,30 @@ def _sdk_call(session: Any, tool: str, arguments: dict[str, Any]) -> Call:
 
 def python() -> str:
     return sys.executable
+
+
+def lean_http_path(url: str, tool: str, arguments: dict[str, Any], era: str = "2025-11-25",
+                   peer_pid: int = 0) -> Callable[[], Any]:
+    """A Streamable HTTP endpoint through the lean HTTP client (bench/lean_http.py): one keep-alive
+    connection per call in flight, so that the figures are the server's."""
+    from .lean_http import LeanMcpHttp
+
+    @asynccontextmanager
+    async def open_() -> AsyncIterator[Call]:
+        client = await LeanMcpHttp.open(url, era, connections=32)
+        try:
+            tail, extra = client.call_bytes(tool, arguments)
+            prepared = client.call_prepared
+
+            async def call() -> None:
+                await prepared(tail, extra)
+
+            await call()
+            child = newest_descendant(peer_pid, "echo_child.py") if peer_pid else None
+            if child:
+                call.pids = {"child": child}  # type: ignore[attr-defined]
+            yield call
+        finally:
+            await client.close()
+
+    return open_

@@ -78,6 +78,7 @@ async def serve_http(face: Face, host: str, port: int, security: TransportSecuri
         log_level="warning",
         lifespan="on",
         access_log=False,
+        proxy_headers=False,  # the face is the endpoint, not behind a proxy it should trust: one layer less a request
         http=http_protocol(),
     )
     server = _Uvicorn(config)
