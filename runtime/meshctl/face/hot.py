@@ -161,7 +161,7 @@ class HotPath:
             return None
         modern = era.version in MODERN_PROTOCOL_VERSIONS
         if message.id is None:
-            return self._cancel(message, era) if not modern else None
+            return self._cancel(message, era)  # only for a hot call of this connection (`era.running`)
         if message.params is msgspec.UNSET:
             return HotList(message.id, None, era.version) if message.method == "tools/list" and not modern else None
         if message.method == "tools/call":

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runtime.meshctl.face.hot import Era, HotCall, HotCancel, HotList, cancelled_response
 from runtime.meshctl.face.json_replies import replying_as_json, wants_json
 from runtime.meshctl.face.server import Face
+from runtime.meshctl.face.workers import ToSessions, is_session_era
 
 log = logging.getLogger("mesh.face")
 
@@ -55,11 +56,11 @@ class FaceFront:
         *,
         path: str = "/mcp",
         max_body: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
-        legacy_sessions: bool = True,
+        to_sessions: ToSessions | None = None,
     ) -> None:
         self.app, self.face, self.path, self.max_body = app, face, path, max_body
         self.security = security
-        self.legacy_sessions = legacy_sessions
+        self.to_sessions = to_sessions  # a worker other than 0: 2025-11-25 requests are worker 0's
         self.manager = getattr(face.server, "_session_manager", None)  # set by streamable_http_app
         self._verdicts: dict[tuple[int, bytes], bool] = {}
         # session id -> request id -> the cancel handle of a hot call in flight
@@ -67,7 +68,19 @@ class FaceFront:
         self.served = 0  # requests answered here (tests and the bench read it)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            await self.app(scope, receive, send)
+            return
+        if self.to_sessions is not None and is_session_era(scope):
+            body, complete, trailing = await _read_body(receive, self.max_body)
+            if complete:
+                await self.to_sessions(scope, body, receive, send)  # worker 0 holds the sessions (workers.py)
+            elif trailing is None:
+                await self.app(
+                    scope, _replay([{"type": "http.request", "body": body, "more_body": True}], receive), send
+                )
+            return
+        if scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         body, complete, trailing = await _read_body(receive, self.max_body)
@@ -110,7 +123,7 @@ class FaceFront:
 
     def _legacy_era(self, session_id: str | None) -> tuple[Era | None, _Session | None]:
         manager = self.manager
-        if session_id is None or manager is None or not self.legacy_sessions:
+        if session_id is None or manager is None:
             return None, None
         instances = getattr(manager, "_server_instances", None)
         owners = getattr(manager, "_session_owners", None)

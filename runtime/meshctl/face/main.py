@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from runtime.meshctl.errors import MeshError
 from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
+from runtime.meshctl.face.workers import MAX_WORKERS, PARENT_ENV, die_with_parent
 from runtime.meshctl.settings import client_config
 
 CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
@@ -45,6 +47,14 @@ def run_mcp(args: argparse.Namespace) -> int:
     if args.page_size < 1:
         raise MeshError(f"--page-size {args.page_size}: give a whole number of at least 1")
     address = _address(args.http) if args.http else None
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise MeshError(f"--workers {args.workers}: give a whole number from 1 to {MAX_WORKERS}")
+    if args.workers > 1 and (address is None or address[1] == 0):
+        raise MeshError("--workers needs --http HOST:PORT with a port of its own (the workers share it)")
+    if args.worker > 0:
+        die_with_parent()
+        if os.getppid() != int(os.environ.get(PARENT_ENV, "0") or 0):
+            return 0  # the face that started this worker is already gone
     try:
         selection = load_selection(
             Path(args.config) if args.config else None, args.profile, args.only, args.exclude, args.max_tools
@@ -66,7 +76,16 @@ def run_mcp(args: argparse.Namespace) -> int:
                 _print_list(face.catalog, args.json)
                 return 0
             if address is not None and security is not None:
-                await serve_http(face, address[0], address[1], security)  # stops on SIGINT/SIGTERM itself
+                # Stops on SIGINT/SIGTERM itself.
+                await serve_http(
+                    face,
+                    address[0],
+                    address[1],
+                    security,
+                    workers=args.workers,
+                    worker=args.worker,
+                    sessions_socket=args.sessions_socket,
+                )
                 return 0
             async with anyio.create_task_group() as tg:
 

@@ -23,6 +23,14 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
     mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
     mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
+    mcp.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="with --http: this many face processes on the port (SO_REUSEPORT); 2025-11-25 sessions stay on the first",
+    )
+    mcp.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # set by the first worker for the others
+    mcp.add_argument("--sessions-socket", help=argparse.SUPPRESS)
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp.set_defaults(func=cmd_mcp)
 
