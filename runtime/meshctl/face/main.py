@@ -7,6 +7,7 @@ then exits. Logs go to stderr: stdout belongs to the MCP client on stdio.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import logging
@@ -25,7 +26,8 @@ from runtime.meshctl.face.transports import http_security, serve_http, serve_std
 from runtime.meshctl.face.workers import MAX_WORKERS, PARENT_ENV, die_with_parent
 from runtime.meshctl.settings import client_config
 
-CLIENT_NAME = "meshctl-mcp"  # the face's NATS connection name: what a node's caller stamp shows as name
+CLIENT_NAME = "meshctl-mcp"
+GC_YOUNG = 20_000  # allocations between collections of the youngest generation (Python's default: 700)  # the face's NATS connection name: what a node's caller stamp shows as name
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -38,6 +40,16 @@ def _address(text: str) -> tuple[str, int]:
 def event_loop_options() -> dict[str, bool]:
     """uvloop when it is installed: the face is a hop on every call, and its loop's costs are per call."""
     return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
+
+
+def settle_collector() -> None:
+    """What was made at start (the mcp package's models, a hundred thousand objects) is frozen out
+    of the cycle collector, and its youngest generation is collected less often: the face makes
+    short-lived objects on every call, and each collection walked them all (perf: about 7 % of the
+    face's CPU at 32 calls in flight)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, 20, 20)
 
 
 def run_mcp(args: argparse.Namespace) -> int:
@@ -70,6 +82,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         except BusError as e:
             raise MeshError(str(e)) from None
         face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait)
+        settle_collector()
         try:
             if args.list:
                 await face.refresh()
