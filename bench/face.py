@@ -27,7 +27,7 @@ from .main import ENVS
 from .modules import BENCH, ECHO_CHILD, echo_module
 from .lean_http import MODERN
 from .nodes import ROOT, connect, meshctl, start_nats, start_node
-from .paths import CallPath, http_path, lean_http_path, measure
+from .paths import CallPath, client_path, http_path, lean_http_path, measure
 from .procs import Proc, free_port, wait_port
 
 FASTMCP_PROXY = BENCH / "fastmcp_proxy.py"
@@ -107,12 +107,14 @@ async def _mesh(work: Path, procs: list[Proc]) -> tuple[str, Proc, Proc]:
 
 
 FACE = "meshctl mcp"
+BUS_LEG = "bus leg alone"
 SDK, LEAN = "mcp SDK client", "lean client"
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = BENCH / ".work-face"
     procs: list[Proc] = []
+    closers: list[Any] = []
     try:
         url, node, nats_proc = await _mesh(work, procs)
         faces = [(FACE, *_start_face(work, procs, url, FACE, None, args.face_args))]
@@ -131,6 +133,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if name == FACE:
                 paths.append(CallPath(f"{name} [lean, 2026-07-28]", "face", f"{LEAN}, stateless revision -> the face",
                                       lean_http_path(endpoint, "echo_echo", arguments, MODERN), watch))
+        # The face's bus leg alone, as the face calls it (Mesh-Progress asked): the floor under its figures.
+        bus_nc = await connect(url)
+        closers.append(bus_nc.close)
+        paths.append(CallPath(BUS_LEG, "leg", "MeshClient (progress asked) -> NATS -> node -> echo child",
+                              client_path(bus_nc, "mesh.tool.echo.echo", arguments, progress=True),
+                              {"node": node.pid, "nats": nats_proc.pid}))
         for name, (endpoint, proc) in peers.items():
             paths.append(CallPath(name, "peer", f"{SDK} -> {name} -> echo child",
                                   http_path(endpoint, "echo", arguments, proc.pid), {"server": proc.pid}))
@@ -163,6 +171,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "settings": {"rounds": args.rounds, "seq_calls": args.seq, "conc_calls": args.conc,
                              "concurrency": args.concurrency, "before": args.before, "face_args": args.face_args}}
     finally:
+        for close in closers:
+            await close()
         for proc in reversed(procs):
             proc.stop()
 
@@ -178,7 +188,7 @@ def _targets(rounds: list[dict[str, dict[str, Any]]], names: list[str]) -> list[
     out = []
     for suffix, client in (("", SDK), (" [lean]", LEAN)):
         face = f"{FACE}{suffix}"
-        peers = [n for n in names if n.endswith(suffix) and not n.startswith(FACE) and
+        peers = [n for n in names if n.endswith(suffix) and not n.startswith(FACE) and n != BUS_LEG and
                  (suffix or not n.endswith("]"))]
         rate, p50 = [], []
         for r in rounds:

@@ -135,17 +135,23 @@ def nats_path(nc: Client, subject: str, body: bytes) -> Callable[[], Any]:
     return open_
 
 
-def client_path(nc: Client, subject: str, arguments: dict[str, Any]) -> Callable[[], Any]:
+def client_path(nc: Client, subject: str, arguments: dict[str, Any], progress: bool = False) -> Callable[[], Any]:
     """A call through the bus call protocol's client (runtime/client.py): Mesh-Call-Id and
-    Mesh-Timeout-Ms on every request, so the node takes its path for calls with options."""
+    Mesh-Timeout-Ms on every request, so the node takes its path for calls with options; with
+    `progress`, Mesh-Progress too (as the MCP face asks on every call)."""
     from runtime.client import MeshClient
+
+    def dropped(frame: Any) -> None:
+        pass
+
+    on_progress = dropped if progress else None
 
     @asynccontextmanager
     async def open_() -> AsyncIterator[Call]:
         caller = MeshClient(nc)
 
         async def call() -> None:
-            await caller.call(subject, arguments, timeout_s=10)
+            await caller.call(subject, arguments, timeout_s=10, on_progress=on_progress)
 
         await call()
         try:
