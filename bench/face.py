@@ -144,11 +144,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                   http_path(endpoint, "echo", arguments, proc.pid), {"server": proc.pid}))
             paths.append(CallPath(f"{name} [lean]", "peer", f"{LEAN} -> {name} -> echo child",
                                   lean_http_path(endpoint, "echo", arguments, peer_pid=proc.pid), {"server": proc.pid}))
+        # The paths a target compares are measured next to each other (the machine's load drifts within
+        # minutes): one group per client, the face's bus leg with the lean group, the --before face last.
+        groups = [
+            [p for p in paths if p.name.endswith("[lean]") and not p.name.startswith(f"{FACE} @")]
+            + [p for p in paths if p.name == BUS_LEG or p.name.endswith("2026-07-28]")],
+            [p for p in paths if not p.name.endswith("]") and p.name != BUS_LEG and not p.name.startswith(f"{FACE} @")],
+            [p for p in paths if p.name.startswith(f"{FACE} @")],
+        ]
         rounds: list[dict[str, dict[str, Any]]] = []
         for r in range(args.rounds):
             row = {}
-            # Every round starts at another path: the machine's load drifts, and no path is always first.
-            for path in paths[r % len(paths):] + paths[: r % len(paths)]:
+            # Every round starts each group at another path: no path is always first.
+            ordered = [path for g in groups if g for path in g[r % len(g):] + g[: r % len(g)]]
+            for path in ordered:
                 try:
                     row[path.name] = (await measure(path, args.seq, args.conc, args.concurrency)).summary()
                 except Exception as e:  # a peer that breaks mid-run is a note, not a lost run

@@ -1,5 +1,5 @@
-"""Which HTTP server for the face's hot path: uvicorn (httptools, uvloop) against granian (its
-ASGI and RSGI interfaces, embedded in the process's asyncio loop, as the face must be: the
+"""Which HTTP server for the face's hot path: uvicorn (httptools or h11, on uvloop) against granian
+(its ASGI and RSGI interfaces, embedded in the process's asyncio loop, as the face must be: the
 bus connection lives in that loop). Each server runs one tiny app in a process of its own that
 reads a POST body and answers a fixed JSON-RPC result; the lean HTTP client (bench/lean_http.py
 style: one keep-alive connection per request in flight) drives it. Prints requests/s at 32 in
@@ -55,9 +55,10 @@ import uvloop
 uvloop.install()
 
 async def main():
-    if kind == "uvicorn":
+    if kind.startswith("uvicorn"):
         import uvicorn
-        config = uvicorn.Config(asgi, host="127.0.0.1", port=port, http="httptools", loop="none",
+        http = "h11" if kind == "uvicorn-h11" else "httptools"
+        config = uvicorn.Config(asgi, host="127.0.0.1", port=port, http=http, loop="none", proxy_headers=False,
                                 log_level="warning", lifespan="off", access_log=False)
         await uvicorn.Server(config).serve()
     else:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.face_servers")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--requests", type=int, default=20000)
-    p.add_argument("--kinds", default="uvicorn,granian-asgi,granian-rsgi")
+    p.add_argument("--kinds", default="uvicorn,uvicorn-h11,granian-asgi,granian-rsgi")
     args = p.parse_args(argv)
     work = Path(__file__).resolve().parent / ".work-face" / "servers"
     work.mkdir(parents=True, exist_ok=True)
