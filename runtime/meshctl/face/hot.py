@@ -150,7 +150,7 @@ class HotPath:
 
     # --- deciding -------------------------------------------------------------------------
     def decide(self, body: bytes, era: Era) -> Decision:
-        """A hot request, or None when the message is the package's (with the reason at debug level)."""
+        """A hot request, or None when the message is the package's (which then answers it, errors included)."""
         if not self.enabled or era.version is None:
             return None
         try:
