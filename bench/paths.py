@@ -135,17 +135,23 @@ def nats_path(nc: Client, subject: str, body: bytes) -> Callable[[], Any]:
     return open_
 
 
-def client_path(nc: Client, subject: str, arguments: dict[str, Any]) -> Callable[[], Any]:
+def client_path(nc: Client, subject: str, arguments: dict[str, Any], progress: bool = False) -> Callable[[], Any]:
     """A call through the bus call protocol's client (runtime/client.py): Mesh-Call-Id and
-    Mesh-Timeout-Ms on every request, so the node takes its path for calls with options."""
+    Mesh-Timeout-Ms on every request, so the node takes its path for calls with options; with
+    `progress`, Mesh-Progress too (as the MCP face asks on every call)."""
     from runtime.client import MeshClient
+
+    def dropped(frame: Any) -> None:
+        pass
+
+    on_progress = dropped if progress else None
 
     @asynccontextmanager
     async def open_() -> AsyncIterator[Call]:
         caller = MeshClient(nc)
 
         async def call() -> None:
-            await caller.call(subject, arguments, timeout_s=10)
+            await caller.call(subject, arguments, timeout_s=10, on_progress=on_progress)
 
         await call()
         try:
@@ -235,3 +241,30 @@ def _sdk_call(session: Any, tool: str, arguments: dict[str, Any]) -> Call:
 
 def python() -> str:
     return sys.executable
+
+
+def lean_http_path(url: str, tool: str, arguments: dict[str, Any], era: str = "2025-11-25",
+                   peer_pid: int = 0) -> Callable[[], Any]:
+    """A Streamable HTTP endpoint through the lean HTTP client (bench/lean_http.py): one keep-alive
+    connection per call in flight, so that the figures are the server's."""
+    from .lean_http import LeanMcpHttp
+
+    @asynccontextmanager
+    async def open_() -> AsyncIterator[Call]:
+        client = await LeanMcpHttp.open(url, era, connections=32)
+        try:
+            tail, extra = client.call_bytes(tool, arguments)
+            prepared = client.call_prepared
+
+            async def call() -> None:
+                await prepared(tail, extra)
+
+            await call()
+            child = newest_descendant(peer_pid, "echo_child.py") if peer_pid else None
+            if child:
+                call.pids = {"child": child}  # type: ignore[attr-defined]
+            yield call
+        finally:
+            await client.close()
+
+    return open_

@@ -317,7 +317,6 @@ class ServiceApi:
             except Exception as e:  # a broken connection cannot drain; the calls it held are gone with it
                 log.warning("could not drain %s: %s", subject, e)
 
-
     async def close_lanes(self) -> None:
         """Every lane's connection closed, undrained (the node ends however it ends: a killed task
         must not leave subscriptions on the server that take calls nobody answers)."""

@@ -125,7 +125,10 @@ async def test_a_cancel_of_an_answered_call_does_nothing(tmp_path: Path, m: Mesh
     assert code_of(msg) is None
     await m.nc.publish(cancel_subject(call_id), b"")
     desk = m.nodes["n1"].serving.desk  # type: ignore[union-attr]
-    await until(lambda: any(key[1] == call_id for key in desk._early), "the cancel was taken in (remembered, in case its call comes)")
+    await until(
+        lambda: any(key[1] == call_id for key in desk._early),
+        "the cancel was taken in (remembered, in case its call comes)",
+    )
     assert child.cancels() == [] and desk.cancels_honoured == 0
     [msg] = await m.frames(GREET, {"again": 1}, {CALL_ID: "answered-next-0123456789"})
     assert code_of(msg) is None and "again" in json.loads(msg.data)["content"][0]["text"]

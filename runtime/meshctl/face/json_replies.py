@@ -7,17 +7,17 @@ messages sent while the call runs: the face sends those only for a call whose cl
 for progress. So `json_response` is given as `PerRequest`, a flag whose truth is this
 request's: true for a `tools/call` without a `progressToken`, false for everything else
 (`initialize` included, so the session's own tasks, which copy the context they start in,
-see false and keep routing a progress call's notifications to its stream).
+see false and keep routing a progress call's notifications to its stream). The face's HTTP
+front (http_front.py) sets it for each request it hands to the package.
 """
 
 from __future__ import annotations
 
 import contextvars
-
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _json_reply: contextvars.ContextVar[bool] = contextvars.ContextVar("mesh_face_json_reply", default=False)
-BODY_LOOKED_AT = 1024 * 1024  # a POST body longer than this is answered by a stream (no decision worth buffering it)
 
 
 class PerRequest:
@@ -28,45 +28,16 @@ class PerRequest:
 
 
 def wants_json(body: bytes) -> bool:
-    """A tools/call with no progress token: nothing but the result goes back. A false "no" costs a stream only."""
-    return b'"tools/call"' in body and b"progressToken" not in body
+    """A tools/call or tools/list with no progress token: nothing but the result goes back (as on the
+    hot path). A false "no" costs a stream only."""
+    return (b'"tools/call"' in body or b'"tools/list"' in body) and b"progressToken" not in body
 
 
-class JsonReplies:
-    """ASGI middleware: reads a POST's body, decides, and hands the body on unchanged."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        more = True
-        while more and size <= BODY_LOOKED_AT:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away: the app hears it too
-                await self.app(scope, _replay([message], receive), send)
-                return
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        replayed: list[Message] = [{"type": "http.request", "body": body, "more_body": more}]
-        token = _json_reply.set(not more and wants_json(body))
-        try:
-            await self.app(scope, _replay(replayed, receive), send)
-        finally:
-            _json_reply.reset(token)
-
-
-def _replay(first: list[Message], receive: Receive) -> Receive:
-    async def replaying() -> Message:
-        if first:
-            return first.pop(0)
-        return await receive()
-
-    return replaying
+@contextmanager
+def replying_as_json(flag: bool) -> Iterator[None]:
+    """`PerRequest` is `flag` for the request handled inside (and the tasks it starts)."""
+    token = _json_reply.set(flag)
+    try:
+        yield
+    finally:
+        _json_reply.reset(token)

@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 from runtime.bus.service_api import collect_infos
 from runtime.client import CallError, MeshClient
 from runtime.meshctl.face.catalog import Catalog, FaceTool
+from runtime.meshctl.face.hot import HotPath
 from runtime.wire.callproto import ProgressFrame
 from runtime.wire.events import ChangeEvent
 from runtime.wire.identity import Person
@@ -115,6 +116,9 @@ class Face:
         self.events = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen streams
         # 2025-11-25 sessions, told of changes on their own channel; gone with their connection.
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The same connections by their Streamable HTTP session id: the hot path serves a session's calls.
+        self.by_session_id: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._output_checks: dict[int, tuple[dict[str, Any], Any]] = {}  # id(definition) -> (it, its validator)
         self._gone: list[str] = []
         self._look = anyio.Event()
         self.refreshed = 0  # how many times the list was rebuilt (tests wait on it)
@@ -127,11 +131,15 @@ class Face:
             # its annotation asks for the model only.
             on_call_tool=cast(Any, self._call_tool),
             on_subscriptions_listen=ListenHandler(self.events, max_subscriptions=256, max_buffered_events=64),
+            # The package checks a 2026-07-28 call's Mcp-Param headers against this schema (without it,
+            # it would list every tool to find it, on every call).
+            get_tool_input_schema=self._input_schema,
         )
         # The SDK's OpenTelemetry middleware opens a span per message even with no exporter; the face
         # is a hop on a hot path, and the node's own stats say what each call cost.
         self.server.middleware = [m for m in self.server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
         self.server.middleware.append(self._remember_session)
+        self.hot = HotPath(self)
 
     # --- the list -------------------------------------------------------------------------
     async def refresh(self) -> bool:
@@ -185,15 +193,25 @@ class Face:
 
     async def _remember_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._sessions.add(ctx.session._connection)
+            connection = ctx.session._connection
+            self._sessions.add(connection)
+            if isinstance(connection.session_id, str):
+                self.by_session_id[connection.session_id] = connection
         return await call_next(ctx)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        tool = self.catalog.by_name.get(name)
+        return tool.definition.get("inputSchema") if tool is not None else None
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        return self.list_page(params.cursor if params is not None else None)
+
+    def list_page(self, cursor: str | None) -> types.ListToolsResult:
+        """The page after `cursor` (the package's way and the hot path's)."""
         tools = self.catalog.tools
         start = 0
-        cursor = params.cursor if params is not None else None
         if cursor:
             # The cursor is the last name of the page before: a page never repeats or skips a tool
             # that stayed, even when the list changed in between.
@@ -252,7 +270,7 @@ class Face:
                 return error_result(e)
             finally:
                 send.close()
-        return _checked_result(tool, data)
+        return self.checked_result(tool, data)
 
     def person_of(self, ctx: ServerRequestContext[Any, Any]) -> Person | None:
         """The person behind this request, passed to the node with its call (the node believes it only
@@ -273,7 +291,61 @@ class Face:
             )
         except CallError as e:
             return error_result(e)
-        return _checked_result(tool, data)
+        return self.checked_result(tool, data)
+
+    error_result = staticmethod(error_result)
+    cancel_reason = CANCEL_REASON
+
+    def checked_result(self, tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallToolResult:
+        """The tool's CallToolResult as it wrote it; a malformed one is said as an error, not passed on.
+
+        Passed on as the decoded dict: the package validates a handler's result against the
+        connection's protocol version on the way out anyway, so a pydantic model here would be
+        validated, dumped and validated again. The check here is the shape (an object with a
+        `content` list) and, for a tool with an `outputSchema`, its `structuredContent` against that
+        schema (compiled once per definition); a result that passes and still breaks the
+        revision's schema reaches the client as the package's INTERNAL_ERROR.
+        """
+        result = _shape_checked(tool, data)
+        if isinstance(result, types.CallToolResult):
+            return result
+        schema = tool.definition.get("outputSchema")
+        structured = result.get("structuredContent")
+        if isinstance(schema, dict) and structured is not None and not result.get("isError"):
+            problem = self._output_problem(tool, schema, structured)
+            if problem is not None:
+                return _refused(
+                    f"{tool.subject}: the tool's structuredContent does not match its outputSchema: {problem}"[:2000]
+                )
+        return result
+
+    def _output_problem(self, tool: FaceTool, schema: dict[str, Any], structured: Any) -> str | None:
+        key = id(tool.definition)
+        kept = self._output_checks.get(key)
+        if kept is None or kept[0] is not tool.definition:
+            try:
+                from jsonschema.validators import validator_for  # type: ignore[import-untyped]
+
+                kind = validator_for(schema)
+                kind.check_schema(schema)
+                validator: Any = kind(schema)
+            except Exception as e:  # a schema the validator cannot compile: said, and not held against the result
+                log.warning(
+                    "%s: its outputSchema cannot be compiled (%s); results are not checked against it", tool.subject, e
+                )
+                validator = None
+            if len(self._output_checks) > 4 * len(self.catalog.tools) + 64:
+                self._output_checks.clear()
+            kept = self._output_checks[key] = (tool.definition, validator)
+        validator = kept[1]
+        if validator is None:
+            return None
+        error = next(iter(validator.iter_errors(structured)), None)
+        return (
+            None
+            if error is None
+            else f"{error.message} (at {'/'.join(str(p) for p in error.absolute_path) or 'the top'})"
+        )
 
 
 def _no_progress(frame: ProgressFrame) -> None:
@@ -285,14 +357,8 @@ def _with_meta(tool: FaceTool) -> dict[str, Any]:
     return {**tool.definition, "_meta": meta}
 
 
-def _checked_result(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallToolResult:
-    """The tool's CallToolResult as it wrote it; a malformed one is said as an error, not passed on.
-
-    Passed on as the decoded dict: the SDK validates a handler's result against the connection's
-    protocol version on the way out anyway, so a pydantic model here would be validated, dumped
-    and validated again. The check here is the shape (an object with a `content` list); a result
-    that passes it and still breaks the schema reaches the client as the SDK's INTERNAL_ERROR.
-    """
+def _shape_checked(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallToolResult:
+    """The result decoded, if it is an object with a `content` list of typed items; else an error result."""
     try:
         result = _decode_result(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:

@@ -29,6 +29,14 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
         help="the bus credentials given are a delegate's ([identity] delegates on the nodes): pass the person "
         "behind each call (over stdio the OS user running the face); the embedded bus's face user is one by itself",
     )
+    mcp.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="with --http: this many face processes on the port (SO_REUSEPORT); 2025-11-25 sessions stay on the first",
+    )
+    mcp.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # set by the first worker for the others
+    mcp.add_argument("--sessions-socket", help=argparse.SUPPRESS)
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     mcp.set_defaults(func=cmd_mcp)
 
