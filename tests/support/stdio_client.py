@@ -39,7 +39,8 @@ class StdioClient:
             if not line:
                 raise RuntimeError(f"child closed stdout; stderr: {self.proc.stderr.read().decode(errors='replace')}")
             reply = json.loads(line)
-            if reply.get("id") == self._next:
+            # A response of ours: a request of the server's may carry the same id (it numbers its own).
+            if reply.get("id") == self._next and "method" not in reply:
                 if "error" in reply:
                     raise RuntimeError(f"{method} failed: {reply['error']}")
                 return reply["result"]

@@ -102,6 +102,8 @@ class HotCall:
     tool: FaceTool
     arguments: bytes  # a JSON object, as the client sent it
     version: str  # the connection's protocol revision
+    traceparent: str | None = None  # the client's W3C trace context (`_meta`), sent on as NATS headers
+    tracestate: str | None = None
 
 
 @dataclass(slots=True)
@@ -181,14 +183,15 @@ class HotPath:
         elif not arguments.startswith(b"{"):
             return None  # not an object: the package's INVALID_PARAMS
         assert era.version is not None
-        if not self._meta_ok("tools/call", params.name, params.meta, era, modern):
+        meta, traceparent, tracestate = _without_trace(params.meta)
+        if not self._meta_ok("tools/call", params.name, meta, era, modern):
             return None
         tool = self.face.catalog.by_name.get(params.name)
         if tool is None or not self.face.nc.is_connected:
             return None  # the package's way says which tools there are, or that the bus is away
         if modern and self._names_param_headers(tool):
             return None  # Mcp-Param headers are checked against the schema by the package
-        return HotCall(request_id, tool, arguments, era.version)
+        return HotCall(request_id, tool, arguments, era.version, traceparent, tracestate)
 
     def _list(self, request_id: int | str, raw: msgspec.Raw, era: Era, modern: bool) -> HotList | None:
         try:
@@ -210,7 +213,7 @@ class HotPath:
         return HotCancel(request_id) if request_id in era.running else None
 
     def _meta_ok(
-        self, method: str, name: str | None, raw: msgspec.Raw | msgspec.UnsetType, era: Era, modern: bool
+        self, method: str, name: str | None, raw: msgspec.Raw | bytes | msgspec.UnsetType, era: Era, modern: bool
     ) -> bool:
         """The request's `_meta` is one the package accepts, asks for no progress, and (modern) matches
         the routing headers. The package's own validator judges it once per distinct `_meta`."""
@@ -274,6 +277,8 @@ class HotPath:
                 on_progress=_no_progress,
                 cancel_reason=face.cancel_reason,
                 person=face.person,  # the face's person (stdio: its OS user); per request once HTTP has auth
+                traceparent=hot.traceparent,
+                tracestate=hot.tracestate,
             )
         except CallError as e:
             return self._response(hot.id, self._shaped("tools/call", hot.version, face.error_result(e)))
@@ -386,3 +391,27 @@ def _package_serializer(face: Face) -> Any:
         log.warning("the face's hot path is off (this mcp release has no ServerRunner._serialize): %s", e)
         return None
     return serialize
+
+
+_TRACE_KEYS = (b'"traceparent"', b'"tracestate"')
+
+
+def _without_trace(
+    raw: msgspec.Raw | msgspec.UnsetType,
+) -> tuple[msgspec.Raw | bytes | msgspec.UnsetType, str | None, str | None]:
+    """A call's `_meta` without its trace context, and that context: a client's traceparent differs on
+    every call, and the verdict on the rest of its `_meta` is kept per distinct bytes (`_meta_ok`)."""
+    if raw is msgspec.UNSET or not any(key in bytes(raw) for key in _TRACE_KEYS):
+        return raw, None, None
+    try:
+        meta = _decode_any(bytes(raw))
+    except msgspec.DecodeError:
+        return raw, None, None
+    if not isinstance(meta, dict):
+        return raw, None, None
+    traceparent, tracestate = meta.pop("traceparent", None), meta.pop("tracestate", None)
+    return (
+        encode(meta),
+        traceparent if isinstance(traceparent, str) else None,
+        tracestate if isinstance(tracestate, str) else None,
+    )

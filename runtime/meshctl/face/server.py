@@ -242,7 +242,7 @@ class Face:
         if not (params.meta or {}).get("progress_token"):
             # The client asked for no progress: no forwarding task, no stream, no task group. The node is
             # still asked for progress, so its keepalives tell the face when it died mid-call.
-            return await self._call_plain(tool, params.arguments, person)
+            return await self._call_plain(tool, params.arguments, person, _trace_of(params))
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:
@@ -265,6 +265,7 @@ class Face:
                     on_progress=on_progress,
                     cancel_reason=CANCEL_REASON,
                     person=person,
+                    **_trace_of(params),
                 )
             except CallError as e:
                 return error_result(e)
@@ -278,7 +279,11 @@ class Face:
         return self.person
 
     async def _call_plain(
-        self, tool: FaceTool, arguments: dict[str, Any] | None, person: Person | None
+        self,
+        tool: FaceTool,
+        arguments: dict[str, Any] | None,
+        person: Person | None,
+        trace: dict[str, str | None] | None = None,
     ) -> dict[str, Any] | types.CallToolResult:
         try:
             data = await self.client.call(
@@ -288,6 +293,7 @@ class Face:
                 on_progress=_no_progress,
                 cancel_reason=CANCEL_REASON,
                 person=person,
+                **(trace or {}),
             )
         except CallError as e:
             return error_result(e)
@@ -374,3 +380,14 @@ def _shape_checked(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallTo
     result.setdefault("isError", False)
     result.setdefault("resultType", "complete")
     return result
+
+
+def _trace_of(params: types.CallToolRequestParams) -> dict[str, str | None]:
+    """The MCP client's W3C trace context in the request's `_meta` (MCP 2026-07-28 carries it there),
+    sent on as the call's NATS headers: the node's span continues the client's trace."""
+    meta = params.meta
+    if meta is None:
+        return {}
+    get = meta.get if isinstance(meta, dict) else (lambda key: getattr(meta, key, None))
+    found = {key: get(key) for key in ("traceparent", "tracestate")}
+    return {key: value for key, value in found.items() if isinstance(value, str)}
