@@ -259,6 +259,9 @@ class ServiceApi:
             if group is not None:
                 try:
                     await group.sub.drain()
+                    # Gone at the server before this returns: a call made next meets "no responders",
+                    # not a subscription on its way out (settle: drain's flush can overtake the UNSUB).
+                    await settle(group.nc)
                 finally:
                     await self._close_lane(group)
 

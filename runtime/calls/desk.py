@@ -270,7 +270,10 @@ class CallDesk:
         if options.progress and msg.reply:
             self._next_token += 1
             call.token = self._next_token
-            call.progress = Progress(self.nc, msg.reply, self.settings.keepalive_s, owner, self)
+            # Frames on the connection the final reply takes (the request's own, calls/dispatch.py):
+            # one connection keeps them in order, and none comes after the reply.
+            on = msg._client if msg._client is not None else self.nc
+            call.progress = Progress(on, msg.reply, self.settings.keepalive_s, owner, self)
             self._by_token[call.token] = call
         return call
 

@@ -309,7 +309,8 @@ class Dispatcher:
             return  # a publish without a reply subject: the call ran, nobody waits for an answer
         # On the connection the request came on (its module's lane, runtime/bus/service_api.py): one
         # socket per call, not two (bench.compare: p50 0.91x, node CPU 0.95x against the node's own).
-        nc = msg._client or self.nc
+        # A lane closed under the call (its module removed, the node stopping) leaves the node's own.
+        nc = msg._client if msg._client is not None and msg._client.is_connected else self.nc
         try:
             if error is None:
                 await nc.publish(msg.reply, body or b"", headers=headers)
