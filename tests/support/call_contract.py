@@ -1,4 +1,4 @@
-"""What every SDK must do with a `tools/call` from the node (COMMON.md's shared contracts), checked
+"""What every SDK must do with a `tools/call` from the node (sdk/COMMON.md, the shared contract), checked
 over real stdio against a child that has three fixture tools:
 
 - `whoami`: returns `{"caller": <the Caller it saw, or null>}` as structured content, where a
