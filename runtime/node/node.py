@@ -37,6 +37,7 @@ from runtime.calls.tracing import Tracing
 from runtime.config import NatsConfig, NodeConfig
 from runtime.delivery.reconciler import Reconciler
 from runtime.hosting.placement import Placement
+from runtime.node.catalog import CatalogWriter
 from runtime.node.changes import ChangeNotice
 from runtime.node.control import Control
 from runtime.node.metrics import MetricsServer, NodeParts, registry_of
@@ -79,10 +80,12 @@ class Serving:
     service: ServiceApi
     notice: ChangeNotice  # mesh.events.tools: what this node serves changed
     control: Control
+    catalog: CatalogWriter  # this node's entries in the mesh-catalog bucket
 
     async def close(self) -> None:
         """After the children have stopped: the Service API goes, watchers hear the node leave."""
         await self.service.stop()
+        await self.catalog.leaving()
         await self.notice.leaving()
         await self.desk.stop()
         await self.control.stop()
@@ -243,9 +246,20 @@ class Node:
             # them can cost the bus connection of that one only (runtime/bus/service_api.py).
             lane=lambda subject, on_error: connect_lane(nats_cfg, f"mesh-node:{self.name}:{subject}", on_error),
         )
-        notice = ChangeNotice(nc, self.name, service.id)
+        cat = self.config.catalog
+        catalog = CatalogWriter(
+            nc,
+            self.name,
+            service.id,
+            self.run_id,
+            modules,
+            beat_s=cat.beat_s,
+            beat_ttl_s=cat.beat_ttl_s(),
+            replicas=cat.replicas,
+        )
+        notice = ChangeNotice(nc, self.name, service.id, also=catalog.poke)
         control = Control(nc, self.name, self.url, modules, dispatcher)
-        return Serving(nc, desk, dispatcher, service, notice, control)
+        return Serving(nc, desk, dispatcher, service, notice, control, catalog)
 
     async def _serve_bus(
         self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, placements: list[Placement]
@@ -254,6 +268,7 @@ class Node:
         async with anyio.create_task_group() as watchers_tg:
             await serving.service.start()
             watchers_tg.start_soon(serving.notice.run)
+            watchers_tg.start_soon(serving.catalog.run)
             await serving.desk.start(self.config.queue_group)
             modules.wire(Wiring(nc, serving.service, serving.desk, serving.notice))
             await serving.control.start()
@@ -284,6 +299,7 @@ class Node:
             dispatcher = serving.dispatcher
             log.info("node %s stopping: no new calls; answering %d in flight", self.name, dispatcher.in_flight)
             await serving.service.drain()
+            await serving.catalog.leaving()  # faces drop this node now, not when its children have stopped
             with anyio.move_on_after(self.config.drain_timeout_s):
                 await dispatcher.wait_idle()
             await dispatcher.cancel_all()  # what is left is answered 503 "node stopping"
