@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from launcher.bundle import BundleRunner
+from runtime.bus.catalog import where
 from runtime.bus.connect import settle
 from runtime.calls.dispatch import Dispatcher
 from runtime.hosting.services import Hosted
@@ -47,6 +48,7 @@ class Control:
 
     def status(self) -> NodeStatus:
         modules = self.modules
+        at = where(self.nc)
         return NodeStatus(
             node=self.node,
             url=self.url,
@@ -60,6 +62,8 @@ class Control:
             problems=modules.all_problems(),
             in_flight=self.dispatcher.in_flight,
             answered=self.dispatcher.answered,
+            cluster=at.cluster,
+            server=at.server,
         )
 
     async def _on_status(self, msg: Msg) -> None:

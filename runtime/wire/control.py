@@ -48,6 +48,8 @@ class NodeStatus(msgspec.Struct):
     problems: list[str]
     in_flight: int
     answered: int
+    cluster: str = ""  # the NATS cluster of the server the node is connected to ("" for a lone server)
+    server: str = ""  # that server's name
 
     def bundle(self, key: str) -> BundleStatus | None:
         """The bundle `module/bundle`, if this node runs it."""
