@@ -147,9 +147,10 @@ async def test_thirty_nodes_a_face_pays_per_change_not_per_look(mesh: Mesh) -> N
                 bundles = [b for n in watcher.nodes() if n.node == "n07" for b in n.bundles]
                 return len(bundles) == 1 and bundles[0].restarts == k and bundles[0].state == "ready"
 
-            await wait_for(
-                lambda n=seen_before: len(changes) > n, f"restart {k} reaching the watcher", timeout=10, every=0.005
-            )
+            def told(n: int = seen_before) -> bool:
+                return len(changes) > n
+
+            await wait_for(told, f"restart {k} reaching the watcher", timeout=10, every=0.005)
             first_seen.append(changes[seen_before][0] - at)
             await wait_for(restarted, f"restart {k} seen ready again", timeout=20, every=0.005)
             back_ready.append(time.monotonic() - at)
