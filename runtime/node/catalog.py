@@ -57,6 +57,7 @@ log = logging.getLogger("mesh.catalog")
 COALESCE_S = 0.05  # a module's bundles start together: one round for the lot
 AUDIT_S = 60.0  # how often the node checks its keys are still in the bucket
 RETRY_S = 1.0  # after a failed round, the next one comes this soon
+LEAVING_S = 2.0  # the longest a stop waits to take the node's entries out (the beat's TTL does it otherwise)
 _PURGE = {"KV-Operation": "PURGE", "Nats-Rollup": "sub"}
 
 
@@ -189,8 +190,13 @@ class CatalogWriter:
             self._closed = True
             self._poked.set()
             keys = [beat_key(self.node)] + [k for k in self.written if k != beat_key(self.node)]
+            if not self.nc.is_connected:
+                log.warning(
+                    "catalogue: node %s is off the bus; its beat expires within %d s", self.node, self.beat_ttl_s
+                )
+                return
             try:
-                with anyio.fail_after(5):
+                with anyio.fail_after(LEAVING_S):
                     for key in keys:
                         await self._purge(key)
             except Exception as e:  # the bus is gone: the beat expires by itself, readers drop the node then
