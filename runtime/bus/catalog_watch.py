@@ -53,11 +53,12 @@ class CatalogWatcher(CatalogView):
         on_change: OnChange | None = None,
         limits: WatchLimits = DEFAULT_LIMITS,
         settle_s: float = 0.02,
+        resync_min_s: float = RESYNC_MIN_S,
     ) -> None:
         super().__init__(limits)
         self.nc = nc
         self.on_change = on_change
-        self.settle_s = settle_s
+        self.settle_s, self.resync_min_s = settle_s, resync_min_s
         self.ready = False  # the first read is whole
         self.absent = ""  # why there is no catalogue on this bus yet, when there is none
         self._changed = anyio.Event()
@@ -87,7 +88,7 @@ class CatalogWatcher(CatalogView):
                     await anyio.sleep(self.settle_s)
                 self._changed = anyio.Event()
                 self.sweep(time.monotonic())
-                if (self._resync or self._reset) and time.monotonic() - last_read >= RESYNC_MIN_S:
+                if (self._resync or self._reset) and time.monotonic() - last_read >= self.resync_min_s:
                     last_read = time.monotonic()
                     try:
                         await self._read_whole(first=False)

@@ -16,6 +16,7 @@ from runtime.bus.catalog import Entry, scan
 from runtime.bus.catalog_view import CatalogChange
 from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.wire.catalog import (
+    MAX_TOOLS_PER_NODE,
     BeatRecord,
     DefsPart,
     NodeRecord,
@@ -42,7 +43,9 @@ class Watching:
 
     def __init__(self, nc: Client) -> None:
         self.changes: list[tuple[float, CatalogChange]] = []
-        self.watcher = CatalogWatcher(nc, on_change=lambda c: self.changes.append((time.monotonic(), c)))
+        self.watcher = CatalogWatcher(
+            nc, on_change=lambda c: self.changes.append((time.monotonic(), c)), resync_min_s=0.1
+        )
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Watching:
@@ -255,7 +258,7 @@ async def test_a_lost_write_makes_the_watcher_read_the_bucket_again(m: Mesh, tmp
         "Nats-Sequence": str(seq),
     }
     await m.nc.publish("mesh.catalog.phantom.beat", encode(BeatRecord("x")), headers=headers)
-    await w.until("the read again", lambda c: c.stats.resyncs == 1, timeout=5)
+    await w.until("the read again", lambda c: c.stats.resyncs == 1, timeout=2)
     assert "phantom.beat" not in w.watcher._seqs
     assert [t.node for t in w.watcher.tools_of("mesh.tool.alpha.greet")] == ["n1"]
 
@@ -273,3 +276,46 @@ async def test_status_and_the_catalogue_say_the_nodes_cluster(m: Mesh, tmp_path:
     await w.until("n1", lambda c: bool(c.nodes()))
     node = w.watcher.nodes()[0]
     assert (node.cluster, node.server) == (status.cluster, status.server)
+
+
+async def test_a_node_back_after_a_crash_writes_its_unchanged_definitions_no_more(
+    m: Mesh, tmp_path: Path, w: Watching
+) -> None:
+    folder = module_folder(tmp_path, "alpha")
+    await m.start("n1", folder)
+    await w.until("n1", lambda c: ("mesh.tool.alpha.greet", "n1", "ready") in tools_of(c))
+    first_run = w.watcher.nodes()[0].run
+    task = m._tasks["n1"]
+    task.cancel()  # gone without its clean stop: its keys stay, its beat would expire
+    await asyncio.gather(task, return_exceptions=True)
+    written: list[str] = []
+
+    async def note(msg: Any) -> None:
+        written.append(msg.subject)
+
+    sub = await m.nc.subscribe("mesh.catalog.n1.>", cb=note)
+    await m.start("n1", folder)
+    await w.until(
+        "the new run",
+        lambda c: bool(c.nodes()) and c.nodes()[0].run != first_run and bool(c.tools_of("mesh.tool.alpha.greet")),
+    )
+    await w.until("ready", lambda c: ("mesh.tool.alpha.greet", "n1", "ready") in tools_of(c))
+    await sub.unsubscribe()
+    assert "mesh.catalog.n1.node" in written and "mesh.catalog.n1.beat" in written
+    assert not [s for s in written if ".defs." in s], written  # read back from the bucket, found the same
+
+
+async def test_a_node_catalogues_its_bound_of_tools_and_says_what_it_left_out(
+    m: Mesh, tmp_path: Path, script: Script, w: Watching, caplog: pytest.LogCaptureFixture
+) -> None:
+    script.modules["many"] = [Behaviour(answer=echo, tools=tuple(f"t{i:04}" for i in range(MAX_TOOLS_PER_NODE + 5)))]
+    await m.start("n1", module_folder(tmp_path, "many"))
+    await w.until("the bound", lambda c: len(c.tools()) == MAX_TOOLS_PER_NODE, timeout=10)
+    state = w.watcher.nodes()[0].bundles[0]
+    assert (state.tools, state.left_out) == (MAX_TOOLS_PER_NODE, 5)
+    errors = [
+        r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "not in the catalogue" in r.getMessage()
+    ]
+    assert len(errors) == 1 and "5 tools are served but not in the catalogue" in errors[0], errors
+    body, code = await m.call(f"mesh.tool.many.t{MAX_TOOLS_PER_NODE + 4:04}", {})
+    assert code is None  # served all the same: the catalogue's bound is the listing's, not the calls'
