@@ -2,9 +2,8 @@
 
 `apply` takes one entry (read, or republished: runtime/bus/catalog_watch.py) and keeps it when
 its stream sequence is newer than what its key holds; `take_change` makes again the views of
-the nodes it touched and says what changed. A node is live while its beat is there, from the run
-its node record names; its tools are those of the definitions its bundles' state records point
-at. Definitions several nodes share (the same list) are held once. Every value is checked
+the nodes it touched and says what changed. A node is live while its record and its beat are
+there; its tools are those of the definitions its bundles' state records point at. Definitions several nodes share (the same list) are held once. Every value is checked
 (runtime/wire/catalog.py); what is refused or beyond a bound (`WatchLimits`) is left out and
 said once.
 """
@@ -342,9 +341,11 @@ class CatalogView:
 
     # --- views and changes --------------------------------------------------------------------
     def _view_of(self, name: str) -> dict[str, CatalogTool] | None:
-        """The node's tools while it is live (its beat is there, from the run its record names)."""
+        """The node's tools while it is live: its record and its beat are there. (A beat of the run
+        before a restart counts too: the new run's record comes first, its beat right after, and a
+        face should not see the node go and come back between the two.)"""
         keys = self._nodes.get(name)
-        if keys is None or keys.record is None or keys.beat is None or keys.beat.run != keys.record.run:
+        if keys is None or keys.record is None or keys.beat is None:
             return None
         record = keys.record
         tools: dict[str, CatalogTool] = {}

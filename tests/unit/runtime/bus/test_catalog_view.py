@@ -63,14 +63,11 @@ def shown(view: CatalogView) -> set[tuple[str, str, str]]:
     return {(t.subject, t.node, t.state) for t in view.tools()}
 
 
-def test_a_node_is_listed_once_its_beat_names_the_run_its_record_names() -> None:
+def test_a_node_is_listed_once_its_beat_is_there() -> None:
     view = CatalogView()
     node(view, "n1", beat=False)
     view.take_change()
     assert view.tools() == []  # no beat: not live
-    put(view, beat_key("n1"), encode(BeatRecord("old-run")))
-    view.take_change()
-    assert view.tools() == []  # a beat of a run that ended
     put(view, beat_key("n1"), encode(BeatRecord("r1")))
     change = view.take_change()
     assert shown(view) == {("mesh.tool.alpha.greet", "n1", "ready")}
@@ -140,6 +137,17 @@ def test_past_a_bound_entries_are_left_out_and_said_once() -> None:
     assert view.stats.left_out == 1 and "holds 30 tools at most" in view.notes[-1]
     node(view, "n2", tools=tuple(f"t{j}" for j in range(20)))  # written again: refused again, said once
     assert len([n for n in view.notes if "30 tools" in n]) == 1
+
+
+def test_a_restarted_node_does_not_go_and_come_back_between_its_record_and_its_beat() -> None:
+    view = CatalogView()
+    node(view, "n1", run="r1")
+    view.take_change()
+    record = NodeRecord("n1", "r2", "svc-n1b", 5.0, 15.0, 0.0, cluster="east", bundles=["alpha/tools"])
+    put(view, node_key("n1"), encode(record))  # the new run's record, the old run's beat still there
+    change = view.take_change()
+    assert shown(view) == {("mesh.tool.alpha.greet", "n1", "ready")}
+    assert change is not None and change.subjects == frozenset() and change.nodes == {"n1"}
 
 
 def test_a_beat_written_again_changes_nothing_a_face_shows() -> None:
