@@ -128,5 +128,6 @@ def cmd_tools(args: argparse.Namespace) -> int:
     table([tuple(c.upper() for c in COLUMNS)] + [tuple(v or "-" for v in r) for r in rows])
     print(f"{len(rows)} tools on {nodes} node{'' if nodes == 1 else 's'}")
     if absent:
-        print(f"meshctl: {absent}", file=sys.stderr)
+        hint = "" if args.info else "; `meshctl tools --info` asks the nodes' $SRV.INFO instead"
+        print(f"meshctl: {absent}{hint}", file=sys.stderr)
     return 0

@@ -78,4 +78,4 @@ def test_an_empty_catalogue_is_said_beside_the_count(
     monkeypatch.setattr(call_verbs, "_from_catalog", empty)
     assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines()[-1] == "0 tools on 0 nodes" and "no catalogue on this bus" in err
+    assert out.splitlines()[-1] == "0 tools on 0 nodes" and "no catalogue on this bus" in err and "--info" in err
