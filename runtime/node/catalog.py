@@ -44,6 +44,7 @@ from runtime.wire.catalog import (
     ToolDef,
     beat_key,
     defs_key,
+    defs_prefix,
     encode,
     node_key,
     own_keys,
@@ -87,6 +88,8 @@ class CatalogWriter:
         self._beat_at = 0.0  # monotonic time of the last beat
         self._audit_at = 0.0
         self._poked = anyio.Event()
+        self._opened = anyio.Event()  # the bucket is there and what the last run left is known
+        self._listless: list[str] = []  # key prefixes of the lists of bundles without tools now
         self._lock = anyio.Lock()  # one round at a time; the leaving waits for it
         self._closed = False
         self._said: set[str] = set()  # ERRORs said (a bound hit), each once while it lasts
@@ -115,6 +118,7 @@ class CatalogWriter:
                 await open_bucket(self.js, self.replicas)
                 self.written = await self._left_by_last_run()
                 self._audit_at = time.monotonic()
+                self._opened.set()
                 self._back()
                 return
             except Exception as e:  # the bus or JetStream is away: the node serves meanwhile
@@ -131,10 +135,18 @@ class CatalogWriter:
         await scan(self.nc, keep, own_keys(self.node))
         return left
 
+    async def written_once(self, timeout: float) -> None:
+        """Until what the node serves now is in the bucket, `timeout` at most: the node says it
+        serves after this, so a face that reads the catalogue then finds it (the bus being away
+        does not hold the node up: it serves, and its entries follow)."""
+        with anyio.move_on_after(timeout):
+            await self._opened.wait()
+            await self.round()
+
     async def round(self) -> None:
         """Write what changed, beat when due, purge what is gone."""
         async with self._lock:
-            if self._closed:
+            if self._closed or not self._opened.is_set():
                 return
             try:
                 await self._round()
@@ -159,8 +171,12 @@ class CatalogWriter:
         if time.monotonic() - self._beat_at >= self.beat_s or beat_key(self.node) not in self.written:
             await self._put(beat_key(self.node), encode(BeatRecord(self.run_id)), self.beat_ttl_s)
             self._beat_at = time.monotonic()
+        # A bundle without tools yet (starting) keeps the lists it had: the same tools, listed again,
+        # need no write. They go once it lists others, or when the bundle is gone.
+        keep = tuple(self._listless)
         for key in [k for k in self.written if k not in wanted and k != beat_key(self.node)]:
-            await self._purge(key)
+            if not key.startswith(keep):
+                await self._purge(key)
 
     async def _put(self, key: str, value: bytes, ttl: int) -> None:
         await self.js.publish(stored_subject(key), value, msg_ttl=ttl)
@@ -210,7 +226,8 @@ class CatalogWriter:
 
     # --- what the node should say ------------------------------------------------------------------
     def wanted(self) -> dict[str, bytes]:
-        """Every key this node should have now but its beat, in the order they are written."""
+        """Every key this node should have now but its beat, in the order they are written
+        (`_listless`: the key prefixes of the lists of its bundles that have no tools now)."""
         modules = self.modules
         table = modules.table
         by_bundle: dict[tuple[str, str], list[ToolDef]] = defaultdict(list)
@@ -221,6 +238,7 @@ class CatalogWriter:
         defs: dict[str, bytes] = {}
         states: dict[str, bytes] = {}
         bundles: list[str] = []
+        listless: list[str] = []
         room = MAX_TOOLS_PER_NODE
         problems: set[str] = set()
         for entry in table.modules.values():
@@ -235,6 +253,8 @@ class CatalogWriter:
                     continue
                 split = split_definitions(entry.name, name, by_bundle.get((entry.name, name), []), room)
                 room -= split.tools
+                if not split.digest:
+                    listless.append(defs_prefix(self.node, entry.name, name))
                 for i, part in enumerate(split.parts):
                     defs[defs_key(self.node, entry.name, name, split.digest, i)] = part
                 if split.left_out:
@@ -256,6 +276,7 @@ class CatalogWriter:
                 states[state_key(self.node, entry.name, name)] = encode(state)
                 bundles.append(f"{entry.name}/{name}")
         self._say(problems)
+        self._listless = listless
         at = where(self.nc)
         seats = [
             SeatRecord(s.seat, s.module, s.state, s.holder)

@@ -285,6 +285,7 @@ class Node:
                 parts = NodeParts(modules, serving.dispatcher, serving.desk, lambda: reconciler)
                 self.metrics = MetricsServer(self.config.metrics.listen, registry_of(parts))
                 await watchers_tg.start(self.metrics.run)
+            await serving.catalog.written_once(timeout=2.0)  # in the catalogue when it says it serves
             log.info(
                 "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                 "`meshctl call tool.<module>.<tool> '{...}'`",

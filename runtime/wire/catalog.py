@@ -85,6 +85,11 @@ def defs_key(node: str, module: str, bundle: str, digest: str, part: int) -> str
     return f"{node}.{DEFS}.{module}.{bundle}.{digest}.{part}"
 
 
+def defs_prefix(node: str, module: str, bundle: str) -> str:
+    """What every key of a bundle's lists begins with, whatever their digest."""
+    return f"{node}.{DEFS}.{module}.{bundle}."
+
+
 def own_keys(node: str) -> str:
     """Every key of one node (a filter)."""
     return f"{node}.>"

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from runtime.bus.catalog import Entry, scan
 from runtime.bus.catalog_view import CatalogChange
-from runtime.bus.catalog_watch import CatalogWatcher
+from runtime.bus.catalog_watch import CatalogWatcher, read_catalog
 from runtime.wire.catalog import (
     MAX_TOOLS_PER_NODE,
     BeatRecord,
@@ -319,3 +319,9 @@ async def test_a_node_catalogues_its_bound_of_tools_and_says_what_it_left_out(
     assert len(errors) == 1 and "5 tools are served but not in the catalogue" in errors[0], errors
     body, code = await m.call(f"mesh.tool.many.t{MAX_TOOLS_PER_NODE + 4:04}", {})
     assert code is None  # served all the same: the catalogue's bound is the listing's, not the calls'
+
+
+async def test_a_node_is_in_the_catalogue_when_it_says_it_serves(m: Mesh, tmp_path: Path) -> None:
+    await m.start("n1", module_folder(tmp_path, "alpha"))  # returns once the node says it serves
+    found = await read_catalog(m.nc)
+    assert [n.node for n in found.nodes()] == ["n1"] and [b.bundle for b in found.nodes()[0].bundles] == ["tools"]
