@@ -6,6 +6,8 @@ answered in the order they arrive, each by its id, so many calls may be in fligh
 
 BENCH_PROTOCOL forces the revision it answers `initialize` with (to show that children of every
 revision from 2024-11-05 to 2025-11-25 are served); without it, it answers the one offered.
+BENCH_TOOLS="<n>:<bytes>" lists n echo tools `gen00`, `gen01`, ... of about that many bytes of
+definition each instead (a catalogue of a known size: bench/catalog.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ TOOLS = [
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _loads = json.loads
+
+
+def _generated(spec: str) -> list[dict]:
+    count, _, size = spec.partition(":")
+    tools = []
+    for i in range(int(count)):
+        tool = {"name": f"gen{i:02}", "description": "", "inputSchema": {"type": "object", "additionalProperties": True}}
+        pad = max(0, int(size or 0) - len(_dumps(tool)))
+        tool["description"] = (f"Generated tool {i}: answers with its arguments. " + "." * pad)[:pad]
+        tools.append(tool)
+    return tools
+
+
+if os.environ.get("BENCH_TOOLS"):
+    TOOLS = _generated(os.environ["BENCH_TOOLS"])
 
 
 def _send(message: dict) -> None:

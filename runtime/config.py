@@ -45,6 +45,10 @@ host = "auto"                       # auto | node | systemd: who runs service bu
 [metrics]
 listen = "127.0.0.1:9464"           # Prometheus text at http://127.0.0.1:9464/metrics (or --metrics ADDR)
 
+[catalog]                           # this node's entries in the mesh-catalog bucket (docs/scale.md)
+beat_s = 5                          # its heartbeat; readers drop it three beats after the last
+replicas = 1                        # of the bucket, when this node makes it: 3 in a cluster
+
 [build_cache]                       # what the toolchains keep between builds (MESH_TOOLCHAIN_CACHE)
 max_age_days = 14                   # a kept build folder unused this long is removed
 max_size_gb = 10                    # per toolchain: beyond it the least recently used go first
@@ -132,6 +136,20 @@ class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     lease_ttl_s: float = 10.0
 
 
+class CatalogConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """The node's entries in the mesh-catalog bucket (runtime/node/catalog.py, docs/scale.md)."""
+
+    # How often the node beats; readers drop it three beats after its last.
+    beat_s: float = 5.0
+    # Replicas of the bucket when this node is the one to make it: 3 in a cluster of 3 servers or more.
+    replicas: int = 1
+    # The bucket's bound when this node makes it; a server with strict JetStream reserves it whole.
+    max_bytes: int = 1024 * 1024 * 1024
+
+    def beat_ttl_s(self) -> int:
+        return max(1, round(3 * self.beat_s))
+
+
 class ServicesConfig(msgspec.Struct, forbid_unknown_fields=True):
     """How the node runs service bundles (runtime/hosting/services.py)."""
 
@@ -171,6 +189,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     services: ServicesConfig = msgspec.field(default_factory=ServicesConfig)
     build_cache: CacheBound = msgspec.field(default_factory=CacheBound)  # toolchains/cache_bound.py
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    catalog: CatalogConfig = msgspec.field(default_factory=CatalogConfig)
 
 
 class ConfigError(Exception):
@@ -244,6 +263,10 @@ def _problem(config: NodeConfig) -> str | None:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
     if why := bound_problem(config.build_cache):
         return why
+    if not 1 <= config.catalog.beat_s <= 600:
+        return f"catalog.beat_s: is {config.catalog.beat_s}; write seconds from 1 to 600"
+    if not 1 <= config.catalog.replicas <= 5:
+        return f"catalog.replicas: is {config.catalog.replicas}; write 1 to 5 (3 in a cluster of 3 servers or more)"
     if config.metrics.listen is not None and (why := listen_problem(config.metrics.listen)):
         return f"metrics.listen: {why}"
     seen: set[str] = set()

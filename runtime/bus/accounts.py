@@ -49,9 +49,12 @@ MESH_EXPORTS = (
     ("mesh.fetch.>", "response_type: stream"),
     # The tool list for callers' MCP faces (`meshctl mcp`): every node answers one INFO request.
     ("$SRV.INFO.mesh-node", "response_type: stream"),
+    # The catalogue, read whole (batched direct gets of its one stream; runtime/bus/catalog.py): read-only.
+    ("$JS.API.DIRECT.GET.KV_mesh-catalog", "response_type: stream"),
 )
-# Messages the mesh account publishes for its callers: the nodes' change notices (runtime/node/changes.py).
-MESH_STREAMS = ("mesh.events.tools",)
+# Messages the mesh account publishes for its callers: the nodes' change notices (runtime/node/changes.py)
+# and every write to the catalogue, as the server republishes it (runtime/bus/catalog_watch.py).
+MESH_STREAMS = ("mesh.events.tools", "mesh.catalog.>")
 # What no user of the mesh account may publish: every subject the node reads a caller stamp on.
 MESH_DENIED = (TOOL_PREFIX + ">", SEAT_PREFIX + ">", CANCEL_PREFIX + "*", FETCH_PREFIX + ">")
 SECRET_FILE_MODE = 0o600

@@ -9,6 +9,7 @@ says which node and why, for logs; a watcher never trusts it for more than "look
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import anyio
 import msgspec
@@ -26,8 +27,9 @@ MAX_REASONS = 8  # reasons kept per message; past it the message says how many m
 class ChangeNotice:
     """Coalesces pokes from synchronous callbacks into messages sent by `run`, a task of the node."""
 
-    def __init__(self, nc: Client, node: str, service_id: str) -> None:
+    def __init__(self, nc: Client, node: str, service_id: str, also: Callable[[str], None] | None = None) -> None:
         self.nc, self.node, self.service_id = nc, node, service_id
+        self.also = also  # told of every poke too: the node's catalogue writer (runtime/node/catalog.py)
         self._reasons: list[str] = []
         self._dropped = 0
         self._poked = anyio.Event()
@@ -38,6 +40,8 @@ class ChangeNotice:
         else:
             self._dropped += 1
         self._poked.set()
+        if self.also is not None:
+            self.also(reason)
 
     async def run(self) -> None:
         while True:

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from launcher.bundle import BundleRunner
+from runtime.bus.catalog import where
 from runtime.bus.connect import settle
 from runtime.calls.dispatch import Dispatcher
 from runtime.hosting.services import Hosted
@@ -49,6 +50,7 @@ class Control:
 
     def status(self) -> NodeStatus:
         modules = self.modules
+        at = where(self.nc)
         return NodeStatus(
             node=self.node,
             url=self.url,
@@ -63,6 +65,8 @@ class Control:
             in_flight=self.dispatcher.in_flight,
             answered=self.dispatcher.answered,
             identity=self.identity,
+            cluster=at.cluster,
+            server=at.server,
         )
 
     async def _on_status(self, msg: Msg) -> None:

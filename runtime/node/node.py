@@ -39,6 +39,7 @@ from runtime.config import NatsConfig, NodeConfig
 from runtime.delivery.reconciler import Reconciler
 from runtime.hosting.placement import Placement
 from runtime.node.callers import Callers
+from runtime.node.catalog import CatalogWriter
 from runtime.node.changes import ChangeNotice
 from runtime.node.control import Control
 from runtime.node.metrics import MetricsServer, NodeParts, registry_of
@@ -82,10 +83,12 @@ class Serving:
     notice: ChangeNotice  # mesh.events.tools: what this node serves changed
     control: Control
     callers: Callers  # the embedded bus's callers (meshctl caller)
+    catalog: CatalogWriter  # this node's entries in the mesh-catalog bucket
 
     async def close(self) -> None:
         """After the children have stopped: the Service API goes, watchers hear the node leave."""
         await self.service.stop()
+        await self.catalog.leaving()
         await self.notice.leaving()
         await self.desk.stop()
         await self.control.stop()
@@ -290,12 +293,24 @@ class Node:
             # them can cost the bus connection of that one only (runtime/bus/service_api.py).
             lane=lambda subject, on_error: connect_lane(nats_cfg, f"mesh-node:{self.name}:{subject}", on_error),
         )
-        notice = ChangeNotice(nc, self.name, service.id)
+        cat = self.config.catalog
+        catalog = CatalogWriter(
+            nc,
+            self.name,
+            service.id,
+            self.run_id,
+            modules,
+            beat_s=cat.beat_s,
+            beat_ttl_s=cat.beat_ttl_s(),
+            replicas=cat.replicas,
+            max_bytes=cat.max_bytes,
+        )
+        notice = ChangeNotice(nc, self.name, service.id, also=catalog.poke)
         control = Control(nc, self.name, self.url, modules, dispatcher)
         control.identity = trust.summary
         bus = (self._accounts, self._embedded) if self._accounts is not None and self._embedded is not None else None
         callers = Callers(nc, self.name, self.url, bus, lambda _: stamp.set_delegates(self._delegates()))
-        return Serving(nc, desk, dispatcher, service, notice, control, callers)
+        return Serving(nc, desk, dispatcher, service, notice, control, callers, catalog)
 
     async def _serve_bus(
         self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, placements: list[Placement], trust: BusTrust
@@ -304,6 +319,7 @@ class Node:
         async with anyio.create_task_group() as watchers_tg:
             await serving.service.start()
             watchers_tg.start_soon(serving.notice.run)
+            watchers_tg.start_soon(serving.catalog.run)
             await serving.desk.start(self.config.queue_group)
             modules.wire(Wiring(nc, serving.service, serving.desk, serving.notice))
             await serving.control.start()
@@ -321,6 +337,7 @@ class Node:
                 parts = NodeParts(modules, serving.dispatcher, serving.desk, lambda: reconciler)
                 self.metrics = MetricsServer(self.config.metrics.listen, registry_of(parts))
                 await watchers_tg.start(self.metrics.run)
+            await serving.catalog.written_once(timeout=2.0)  # in the catalogue when it says it serves
             log.info(
                 "node %s serving on %s: %d modules, %d tools bundles; call a tool with "
                 "`meshctl call tool.<module>.<tool> '{...}'`",
@@ -335,6 +352,7 @@ class Node:
             dispatcher = serving.dispatcher
             log.info("node %s stopping: no new calls; answering %d in flight", self.name, dispatcher.in_flight)
             await serving.service.drain()
+            await serving.catalog.leaving()  # faces drop this node now, not when its children have stopped
             with anyio.move_on_after(self.config.drain_timeout_s):
                 await dispatcher.wait_idle()
             await dispatcher.cancel_all()  # what is left is answered 503 "node stopping"

@@ -54,6 +54,8 @@ class NodeStatus(msgspec.Struct):
     # Whose word the caller a tool sees is (runtime/bus/trust.py): "server-stamped: ..." or
     # "unverified: ... every caller is local".
     identity: str = ""
+    cluster: str = ""  # the NATS cluster of the server the node is connected to ("" for a lone server)
+    server: str = ""  # that server's name
 
     def bundle(self, key: str) -> BundleStatus | None:
         """The bundle `module/bundle`, if this node runs it."""

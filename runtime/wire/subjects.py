@@ -13,6 +13,7 @@ FETCH_PREFIX = "mesh.fetch."  # mesh.fetch.<object>: a result object read back t
 
 # --- what the nodes tell watchers -------------------------------------------------------------
 CHANGES_SUBJECT = "mesh.events.tools"  # one message per burst of changes of what a node serves
+CATALOG_PREFIX = "mesh.catalog."  # mesh.catalog.<key>: every write to the catalogue, republished by the server
 
 # --- the Service API --------------------------------------------------------------------------
 SERVICE_NAME = "mesh-node"
@@ -34,6 +35,7 @@ LEASE_BUCKET = "mesh-seat-leases"  # KV: who holds a stateful seat
 HOME_BUCKET = "mesh-seat-homes"  # KV: where a disk-backed seat's data lives
 SEAT_DATA_BUCKET = "mesh-seat-data"  # object store: a seat's data on its way to a new home
 CALLS_BUCKET = "mesh-calls"  # object store: requests and results larger than a message
+CATALOG_BUCKET = "mesh-catalog"  # KV: what every node serves, its tools' definitions (runtime/wire/catalog.py)
 
 
 def tool_subject(module: str, tool: str) -> str:

@@ -10,6 +10,8 @@ mirror, whoami, trickle, hold, progress, meta (the call's params._meta, as the n
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
 RAW_CALL_LOG: a file the child appends "<unix time> started|cancelled|answered <request id> [reason]"
 to (the hold tool and every notifications/cancelled), so a test sees what reached the child and when.
+RAW_TOOLS="<n>:<bytes>": list n tools `gen00`, `gen01`, ... (echoes) of about that many bytes of
+definition each, instead of the tools above (a catalogue of a known size).
 RAW_ERA=stateless: the 2026-07-28 revision only: `initialize` is refused, `server/discover` answers,
 and every request without the version envelope in `_meta` is refused (tool `meta` shows `_meta`).
 """
@@ -102,6 +104,26 @@ TOOLS = [
 ]
 
 
+def generated_tools(spec: str) -> list[dict]:
+    """RAW_TOOLS: n tools of about `size` bytes of JSON each (the padding in the description)."""
+    count, _, size = spec.partition(":")
+    tools = []
+    for i in range(int(count)):
+        tool = {
+            "name": f"gen{i:02}",
+            "description": "",
+            "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}}},
+        }
+        pad = max(0, int(size or 0) - len(json.dumps(tool, separators=(",", ":"))))
+        tool["description"] = (f"Generated tool {i}: echoes its arguments. " + "." * pad)[:pad]
+        tools.append(tool)
+    return tools
+
+
+if os.environ.get("RAW_TOOLS"):
+    TOOLS = generated_tools(os.environ["RAW_TOOLS"])
+
+
 def send(msg: dict) -> None:
     data = json.dumps(msg, separators=(",", ":")) + "\n"
     with _out_lock:
@@ -117,7 +139,7 @@ def text_result(text: str, structured: object = None, is_error: bool = False) ->
 
 
 def call(rid: object, name: str, args: dict, meta: dict | None = None) -> None:
-    if name in ("echo", "echo.say", "typed") or name.startswith("extra"):
+    if name in ("echo", "echo.say", "typed") or name.startswith(("extra", "gen")):
         send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(args), args)})
     elif name == "sleep":
         deadline = time.monotonic() + float(args.get("seconds", 1))

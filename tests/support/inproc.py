@@ -31,7 +31,7 @@ from launcher.bundle import HealthPolicy, RestartPolicy
 from launcher.reaper import Reaper
 from manifests import load_module
 from runtime.bus.embedded import nats_server_binary
-from runtime.config import NatsConfig, NodeConfig
+from runtime.config import CatalogConfig, NatsConfig, NodeConfig
 from runtime.hosting.placement import Placement, from_source
 from runtime.node.modules import ModuleHost
 from runtime.node.node import Node
@@ -163,6 +163,9 @@ class Mesh:
             health=FAST_HEALTH,
             drain_timeout_s=0.5,  # a test that ends with calls in flight waits this long for them
             membership=False,  # the reconciler's two buckets cost each test; the delivery tests ask for it
+            # The session's server reserves each account's bucket whole (strict JetStream): 1 GiB a test
+            # filled its disk's share after some forty tests, and the catalogue could not be made.
+            catalog=CatalogConfig(max_bytes=8 * 1024 * 1024),
         )
         return NodeConfig(**(fields | more))
 

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from runtime.config import NatsConfig
-from runtime.meshctl.errors import MeshError
+from runtime.meshctl.errors import MeshError, Refused
 from runtime.meshctl.settings import client_config
 from runtime.meshctl.verbs.shared import seconds, table
 
@@ -28,9 +28,14 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     )
     call.set_defaults(func=cmd_call)
 
-    tools = verbs.add_parser("tools", help="every tool served on the bus (from $SRV.INFO)", parents=[bus])
+    tools = verbs.add_parser("tools", help="every tool served on the bus (from the catalogue)", parents=[bus])
     tools.add_argument("--json", action="store_true")
-    tools.add_argument("--wait", type=seconds, default=0.5, help="how long to collect answers, seconds")
+    tools.add_argument(
+        "--info",
+        action="store_true",
+        help="ask every node's $SRV.INFO instead of reading the catalogue (nodes older than the catalogue)",
+    )
+    tools.add_argument("--wait", type=seconds, default=0.5, help="with --info: how long to collect answers, seconds")
     tools.set_defaults(func=cmd_tools)
 
 
@@ -59,6 +64,22 @@ def cmd_call(args: argparse.Namespace) -> int:
     return anyio.run(call)
 
 
+COLUMNS = ("subject", "kind", "module", "bundle", "node", "cluster", "state")
+
+
+async def _from_catalog(cfg: NatsConfig) -> tuple[list[tuple[str, ...]], int, str]:
+    """(rows, nodes, why there is no catalogue): one whole read of the bucket, no window."""
+    from runtime.bus.catalog_watch import read_catalog
+    from runtime.meshctl.bus import bus
+
+    async with bus(cfg) as nc:
+        catalog = await read_catalog(nc)
+    rows: list[tuple[str, ...]] = [
+        (t.subject, t.kind, t.module, t.bundle, t.node, t.cluster, t.state) for t in catalog.tools()
+    ]
+    return rows, len(catalog.nodes()), catalog.absent
+
+
 async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:
     from runtime.bus.service_api import collect_infos
     from runtime.meshctl.bus import bus
@@ -67,25 +88,46 @@ async def _infos(cfg: NatsConfig, wait: float) -> list[dict[str, Any]]:
         return await collect_infos(nc, wait)
 
 
-def cmd_tools(args: argparse.Namespace) -> int:
+async def _from_info(cfg: NatsConfig, wait: float) -> tuple[list[tuple[str, ...]], int, str]:
+    """(rows, nodes, why none answered): every node's $SRV.INFO within `wait` seconds."""
     from runtime.meshctl.bus import NOT_MESH_ACCOUNT
 
-    cfg, _ = client_config(args)
-    found = anyio.run(_infos, cfg, args.wait)
-    rows = [("SUBJECT", "KIND", "MODULE", "BUNDLE", "NODE")]
-    seen: list[tuple[str, ...]] = []
+    found = await _infos(cfg, wait)
+    rows: list[tuple[str, ...]] = []
     for info in found:
         node = (info.get("metadata") or {}).get("node", info.get("id", "?"))
         for e in info.get("endpoints", []):
-            meta = e.get("metadata") or {}
-            seen.append((e["subject"], meta.get("kind", ""), meta.get("module", ""), meta.get("bundle", ""), node))
+            m = e.get("metadata") or {}
+            rows.append(
+                (
+                    e["subject"],
+                    m.get("kind", ""),
+                    m.get("module", ""),
+                    m.get("bundle", ""),
+                    node,
+                    "",
+                    m.get("state", ""),
+                )
+            )
+    absent = "" if found else f"no node answered $SRV.INFO: none runs on this bus, or {NOT_MESH_ACCOUNT}"
+    return rows, len(found), absent
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from runtime.bus.catalog import CatalogUnavailable
+
+    cfg, _ = client_config(args)
+    try:
+        rows, nodes, absent = anyio.run(_from_info, cfg, args.wait) if args.info else anyio.run(_from_catalog, cfg)
+    except CatalogUnavailable as e:
+        raise Refused(f"{e}; `meshctl tools --info` asks the nodes' $SRV.INFO instead") from None
+    rows.sort()
     if args.json:
-        print(
-            json.dumps([dict(zip(("subject", "kind", "module", "bundle", "node"), r)) for r in sorted(seen)], indent=2)
-        )
+        print(json.dumps([dict(zip(COLUMNS, r)) for r in rows], indent=2))
         return 0
-    table(rows + sorted(seen))
-    print(f"{len(seen)} tools on {len(found)} node{'' if len(found) == 1 else 's'}")
-    if not found:
-        print(f"meshctl: no node answered $SRV.INFO: none runs on this bus, or {NOT_MESH_ACCOUNT}", file=sys.stderr)
+    table([tuple(c.upper() for c in COLUMNS)] + [tuple(v or "-" for v in r) for r in rows])
+    print(f"{len(rows)} tools on {nodes} node{'' if nodes == 1 else 's'}")
+    if absent:
+        hint = "" if args.info else "; `meshctl tools --info` asks the nodes' $SRV.INFO instead"
+        print(f"meshctl: {absent}{hint}", file=sys.stderr)
     return 0

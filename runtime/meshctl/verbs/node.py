@@ -172,8 +172,9 @@ def cmd_node_status(args: argparse.Namespace) -> int:
         status = msgspec.json.decode(msg.data, type=NodeStatus)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise Refused(f"node {name} answered a status this meshctl cannot read ({e}); is it another version?") from None
+    cluster = f"  cluster {status.cluster}" if status.cluster else ""
     print(
-        f"node {status.node}  bus {status.url}  pid {status.pid}  up {status.uptime_s:.0f} s  "
+        f"node {status.node}  bus {status.url}{cluster}  pid {status.pid}  up {status.uptime_s:.0f} s  "
         f"calls answered {status.answered}, in flight {status.in_flight}"
     )
     if status.identity:

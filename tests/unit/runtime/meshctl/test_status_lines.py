@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.js.errors import ServiceUnavailableError
 
+from runtime.bus.catalog import CatalogUnavailable
 from runtime.meshctl import cli
 from runtime.meshctl.verbs import call as call_verbs
 from runtime.meshctl.verbs import seat as seat_verbs
@@ -50,7 +51,31 @@ def test_no_node_answering_tools_says_why_it_may_be(
         return []
 
     monkeypatch.setattr(call_verbs, "_infos", none)
-    assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 0
+    assert cli.main(["tools", "--info", "--nats", "nats://127.0.0.1:1"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[-1] == "0 tools on 0 nodes"
     assert "no node answered $SRV.INFO" in err and "not in the mesh account" in err
+
+
+def test_no_catalogue_says_why_and_what_else_to_try(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def unreadable(*_args: object) -> object:
+        raise CatalogUnavailable("the catalogue bucket mesh-catalog did not answer within 5 s")
+
+    monkeypatch.setattr(call_verbs, "_from_catalog", unreadable)
+    assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert "did not answer within 5 s" in err and "meshctl tools --info" in err and "Traceback" not in err
+
+
+def test_an_empty_catalogue_is_said_beside_the_count(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def empty(*_args: object) -> tuple[list[tuple[str, ...]], int, str]:
+        return [], 0, "no catalogue on this bus: bucket mesh-catalog does not answer"
+
+    monkeypatch.setattr(call_verbs, "_from_catalog", empty)
+    assert cli.main(["tools", "--nats", "nats://127.0.0.1:1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "0 tools on 0 nodes" and "no catalogue on this bus" in err and "--info" in err
