@@ -1,12 +1,11 @@
 """`meshctl mcp --http --workers 2` as real processes on a real nats-server, with a bus responder
-playing the node (it answers `$SRV.INFO` and the tool's subject): stateless 2026-07-28 calls on
+playing the node (its entries in the catalogue, and it answers the tool's subject): stateless 2026-07-28 calls on
 new connections are served by both workers; a 2025-11-25 session works whichever worker a
 connection lands on (the second passes that era to the first); the second worker ends with the
 first, even one killed outright."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,11 +15,11 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-from nats.aio.msg import Msg
 
 from runtime.bus.embedded import free_port
+from tests.support.catalog_entries import write_node
 from tests.support.mesh import MESHCTL, ROOT, NatsServer, client, stop_process, wait_port
-from tests.unit.runtime.meshctl.test_face_hot import ENVELOPE, HEADERS, LEGACY, Node, _call, _info, _modern_headers
+from tests.unit.runtime.meshctl.test_face_hot import ENVELOPE, HEADERS, LEGACY, TOOLS, Node, _call, _modern_headers
 
 pytestmark = pytest.mark.slow
 
@@ -39,22 +38,19 @@ async def test_two_workers_share_the_port_and_sessions_stay_on_the_first(
     node = Node(nc)
     await node.start()
 
-    async def info(msg: Msg) -> None:
-        await nc.publish(msg.reply, json.dumps(_info()).encode())
-
-    await nc.subscribe("$SRV.INFO.mesh-node", cb=info)
+    await write_node(nc, TOOLS)
     port = free_port()
     log = tmp_path / "face.log"
-    argv = [*MESHCTL, "mcp", "--nats", nats_server.url, "--http", f"127.0.0.1:{port}", "--workers", "2", "--wait", "1"]
+    argv = [*MESHCTL, "mcp", "--nats", nats_server.url, "--http", f"127.0.0.1:{port}", "--workers", "2"]
     with open(log, "wb") as out:
         face = subprocess.Popen([*argv, "--log-level", "info"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=out)
     try:
-        await anyio.to_thread.run_sync(wait_port, port, 30)  # the loop answers the face's INFO meanwhile
+        await anyio.to_thread.run_sync(wait_port, port, 30)
         with anyio.fail_after(60):
             while "worker 1 of 2" not in log.read_text():
                 await anyio.sleep(0.1)
         started = log.read_text()
-        # Each worker saw the node's tools (a wide INFO window: the machine may be busy).
+        # Each worker saw the node's tools, read from the catalogue.
         assert "(worker 0 of 2) (4 tools)" in started and "(worker 1 of 2) (4 tools)" in started, started
         url = f"http://127.0.0.1:{port}/mcp"
         close = {"Connection": "close"}  # a new connection per request: the kernel picks a worker each time

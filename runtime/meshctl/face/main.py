@@ -94,7 +94,7 @@ def run_mcp(args: argparse.Namespace) -> int:
             nc = await connect(cfg, CLIENT_NAME, quiet=True)
         except BusError as e:
             raise MeshError(str(e)) from None
-        face = Face(nc, Catalog(selection), page_size=args.page_size, info_wait_s=args.wait, person=person)
+        face = Face(nc, Catalog(selection), page_size=args.page_size, person=person)
         settle_collector()
         try:
             if args.list:

@@ -26,29 +26,21 @@ from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from runtime.bus.service_api import collect_infos
+from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.client import CallError, MeshClient
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
 from runtime.wire.callproto import ProgressFrame
-from runtime.wire.events import ChangeEvent
 from runtime.wire.identity import Person
-from runtime.wire.subjects import CHANGES_SUBJECT
 
 log = logging.getLogger("mesh.face")
 
 SERVER_NAME = "mesh"
 PAGE_SIZE = 100  # tools per tools/list page
-INFO_WAIT_S = 0.4  # how long the face collects $SRV.INFO answers (nodes answer in a few ms)
-SETTLE_S = 0.05  # after a change message, this long for its siblings before asking the nodes
-LOOK_AGAIN_S = 15.0  # a node that died without a word drops out of the list after at most this
 PROGRESS_KEPT = 64  # progress notifications waiting to go to a slow client; past it the newest are dropped
-GONE_KEPT = 256  # service ids of nodes that said they are leaving, remembered so a late INFO is ignored
 CALL_TIMEOUT_S = 600.0  # the face's own deadline on a call; each bundle's timeout_ms caps it lower
 
-_decode_event = msgspec.json.Decoder(ChangeEvent).decode
 _decode_result = msgspec.json.Decoder(dict[str, Any]).decode
 CANCEL_REASON = "the MCP client cancelled the call"
 
@@ -103,15 +95,12 @@ class Face:
         catalog: Catalog,
         *,
         page_size: int = PAGE_SIZE,
-        info_wait_s: float = INFO_WAIT_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
-        look_again_s: float = LOOK_AGAIN_S,
         person: Person | None = None,
     ) -> None:
         self.nc, self.catalog = nc, catalog
         self.person = person  # who is behind every call of this face (stdio: the OS user who started it)
-        self.page_size, self.info_wait_s = page_size, info_wait_s
-        self.call_timeout_s, self.look_again_s = call_timeout_s, look_again_s
+        self.page_size, self.call_timeout_s = page_size, call_timeout_s
         self.client = MeshClient(nc)
         self.events = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen streams
         # 2025-11-25 sessions, told of changes on their own channel; gone with their connection.
@@ -119,8 +108,9 @@ class Face:
         # The same connections by their Streamable HTTP session id: the hot path serves a session's calls.
         self.by_session_id: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._output_checks: dict[int, tuple[dict[str, Any], Any]] = {}  # id(definition) -> (it, its validator)
-        self._gone: list[str] = []
-        self._look = anyio.Event()
+        # What every node serves, from the mesh-catalog bucket (runtime/bus/catalog_watch.py): read whole
+        # once, then followed; a change costs its own entry, not a look at every node.
+        self.watcher = CatalogWatcher(nc, on_change=self._catalog_changed)
         self.refreshed = 0  # how many times the list was rebuilt (tests wait on it)
         self.server = FaceServer(
             SERVER_NAME,
@@ -143,14 +133,22 @@ class Face:
 
     # --- the list -------------------------------------------------------------------------
     async def refresh(self) -> bool:
-        """Ask every node now; tell clients when what they see changed. True when it changed."""
-        infos = await collect_infos(self.nc, self.info_wait_s)
-        changed = self.catalog.rebuild(infos, frozenset(self._gone))
+        """Read the catalogue whole now (`meshctl mcp --list`); tell clients when what they see changed."""
+        await self.watcher.read_once()
+        return await self._rebuild()
+
+    async def _rebuild(self) -> bool:
+        changed = self.catalog.rebuild(self.watcher.infos())
         self.refreshed += 1
+        if self.watcher.absent and self.refreshed == 1:
+            log.warning("no tools yet: %s", self.watcher.absent)
         if changed and self.refreshed > 1:
             log.info("tools changed: %d shown", len(self.catalog.tools))
             await self._tell_clients()
         return changed
+
+    async def _catalog_changed(self, change: object) -> None:
+        await self._rebuild()
 
     async def _tell_clients(self) -> None:
         await self.events.publish(ToolsListChanged())
@@ -161,35 +159,11 @@ class Face:
                 log.debug("list_changed not delivered: %s", e)
 
     async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Follow `mesh.events.tools` (and look again every `look_again_s`); runs until cancelled."""
-        sub = await self.nc.subscribe(CHANGES_SUBJECT, cb=self._on_change)
-        try:
-            await self.refresh()
+        """Follow the catalogue; runs until cancelled. Started once the first list is whole."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.watcher.run)
+            await self._rebuild()
             task_status.started()
-            while True:
-                with anyio.move_on_after(self.look_again_s):
-                    await self._look.wait()
-                    await anyio.sleep(SETTLE_S)
-                self._look = anyio.Event()
-                try:
-                    await self.refresh()
-                except Exception as e:  # the bus is back later; the list stays as it was until then
-                    log.warning("could not ask the nodes for their tools: %s", e)
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await sub.unsubscribe()
-                except Exception:  # the connection is already closed
-                    pass
-
-    async def _on_change(self, msg: Msg) -> None:
-        try:
-            event = _decode_event(msg.data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            event = None  # not a node's message; still only a reason to look, which costs one INFO
-        if event is not None and event.leaving:
-            self._gone = (self._gone + [event.service_id])[-GONE_KEPT:]
-        self._look.set()
 
     async def _remember_session(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:

@@ -22,7 +22,6 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     mcp.add_argument("--page-size", type=int, default=100, help="tools per tools/list page (default 100)")
     mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
     mcp.add_argument("--json", action="store_true", help="with --list: the tools as JSON")
-    mcp.add_argument("--wait", type=float, default=0.4, help="how long to collect the nodes' answers, seconds")
     mcp.add_argument(
         "--delegate",
         action="store_true",
