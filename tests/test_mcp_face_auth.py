@@ -318,7 +318,7 @@ async def test_the_mcp_sdks_oauth_client_lists_and_calls_through_the_face(rig: R
     )
     provider = OAuthClientProvider(rig.endpoint, metadata, _Memory(), open_browser, redirected)
     async with httpx2.AsyncClient(auth=provider, timeout=30) as http:
-        async with Client(streamable_http_client(rig.endpoint, http_client=http), mode=mode, cache=None) as c:  # type: ignore[arg-type]
+        async with Client(streamable_http_client(rig.endpoint, http_client=http), mode=mode, cache=None) as c:
             assert [t.name for t in (await c.list_tools()).tools] == ["who_meta"]
 
             async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -333,3 +333,37 @@ async def test_the_mcp_sdks_oauth_client_lists_and_calls_through_the_face(rig: R
     for meta in seen:
         assert meta["mesh/caller"]["via"] == "mcp" and meta["mesh/caller"]["person"] == rig.person("alice"), meta
     assert rig.auth.state()["counts"]["registrations"] == before + 1  # it registered itself (RFC 7591)
+
+
+def test_slow_clients_are_cut_off_and_others_still_served(rig: Rig) -> None:
+    """20 connections that send half their headers, and one that sends half its body, each want to be
+    held 40 s; the face ([http] header_timeout_s = body_timeout_s = 2 here) answers them 408 and
+    closes them, and serves a whole request meanwhile."""
+    import socket
+
+    port = int(rig.endpoint.split(":")[2].split("/")[0])
+    started = time.monotonic()
+    slow = []
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", port), timeout=40)
+        s.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: applic".encode())
+        slow.append(s)
+    body = json.dumps(INIT).encode()
+    half = socket.create_connection(("127.0.0.1", port), timeout=40)
+    head = f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += f"Accept: application/json, text/event-stream\r\nAuthorization: Bearer {rig.code_flow('bob')}\r\n"
+    half.sendall((head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:10])
+    slow.append(half)
+    # Meanwhile a whole request is served.
+    answer = httpx2.get(rig.endpoint.rsplit("/", 1)[0] + "/.well-known/oauth-protected-resource/mcp")
+    assert answer.status_code == 200
+    for s in slow:
+        with s:
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 408 "), got[:200]
+    held = time.monotonic() - started
+    print(f"\n21 slow connections answered 408 and closed after {held:.1f} s (each wanted 40 s)")
+    assert held < 20, held
+    assert "a client sent a request too slowly" in rig.log.read_text()

@@ -97,6 +97,7 @@ def load_http_settings(
     audience: str | None,
     scopes: list[str],
     allow_unauthenticated: bool,
+    resource: str | None = None,
 ) -> HttpSettings:
     """The face's HTTP settings; FaceError naming what is wrong and what would be right."""
     tables = _FaceConfig()
@@ -115,6 +116,8 @@ def load_http_settings(
         a.issuer = issuer
     if audience is not None:
         a.audience = audience
+    if resource is not None:
+        a.resource = resource
     a.scopes = a.scopes + [s for s in scopes if s not in a.scopes]
     h.allow_unauthenticated = h.allow_unauthenticated or allow_unauthenticated
     for name, value, least in (
@@ -135,7 +138,14 @@ def load_http_settings(
             if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
                 raise FaceError(f"--auth-{what} {url!r}: give an http(s) URL with no query, e.g. https://id.example")
             if parts.scheme == "http" and not _loopback(parts.hostname or ""):
-                raise FaceError(f"{what} {url}: plain http is only for loopback; give https")
+                raise FaceError(
+                    f"{what} {url}: plain http is only for loopback (bearer tokens would cross the network readable); "
+                    + (
+                        "give https"
+                        if what == "issuer"
+                        else "serve the face behind TLS and name the URL clients use: --auth-resource https://HOST/mcp"
+                    )
+                )
         if a.introspection_secret_file is not None:
             try:
                 settings.introspection_secret = Path(a.introspection_secret_file).read_text().strip()
@@ -261,9 +271,8 @@ class Gate:
             return
         if self.verifier is not None and not await self._authorized(scope, send):
             return
-        if scope["method"] == "POST" and self.manager is not None and opening(scope):
-            owner = scope.get(OWNER_KEY)
-            who = _owner_key(owner) if owner is not None else ("address", (scope.get("client") or ("?", 0))[0])
+        who = self._whose(scope) if scope["method"] == "POST" and self.manager is not None else None
+        if who is not None and opening(scope):
             refusal = self.caps.refusal(who, self.manager)
             if refusal is not None:
                 await _respond(send, 429, refusal, [(b"content-type", b"application/json"), (b"retry-after", b"60")])
@@ -271,6 +280,16 @@ class Gate:
             await self.app(scope, receive, self.caps.recording(send, who))
             return
         await self.app(scope, receive, send)
+
+    @staticmethod
+    def _whose(scope: Scope) -> tuple[str, str] | None:
+        """Whom a new session counts against: the token's person; without auth the client's address,
+        except loopback (every local client is 127.0.0.1: they share the global cap)."""
+        owner = scope.get(OWNER_KEY)
+        if owner is not None:
+            return _owner_key(owner)
+        address = str((scope.get("client") or ("?", 0))[0])
+        return None if _loopback(address) else ("address", address)
 
     async def _authorized(self, scope: Scope, send: Send) -> bool:
         assert self.verifier is not None

@@ -50,6 +50,7 @@ def http_settings(args: argparse.Namespace, address: tuple[str, int]) -> HttpSet
         audience=args.auth_audience,
         scopes=args.auth_scope,
         allow_unauthenticated=args.allow_unauthenticated,
+        resource=args.auth_resource,
     )
 
 

@@ -21,6 +21,11 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     )
     mcp.add_argument("--auth-audience", metavar="URL", help="the audience tokens must name (default: the face's URL)")
     mcp.add_argument(
+        "--auth-resource",
+        metavar="URL",
+        help="the face's URL as clients reach it (behind a TLS proxy); default http://HOST:PORT/mcp",
+    )
+    mcp.add_argument(
         "--auth-scope", action="append", default=[], metavar="SCOPE", help="a scope every token must carry"
     )
     mcp.add_argument(

@@ -1,0 +1,169 @@
+"""What authorization costs the HTTP face: `meshctl mcp --http` with `--auth-issuer` (every request's
+bearer token checked, from the token cache after its first) beside the same face without, in one
+run, on the README's default set-up (a node on its embedded bus, both faces logged in as its face
+user), the test authorization server (tests/support/oauth_server.py) issuing the token.
+
+The lean HTTP client (bench/lean_http.py, about 20 us of CPU a call) calls the echo child's tool
+on a 2025-11-25 session, through the hot path: `--seq` calls one at a time (p50, p99), then
+`--conc` calls 32 at a time (calls/s). Rounds alternate which face goes first; the figures are
+medians over rounds, the ratios medians of the ratios within a round.
+
+    .venv/bin/python -m bench.face_auth [--rounds 3] [--seq 400] [--conc 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .lean_http import LeanMcpHttp
+from .modules import BENCH, echo_module
+from .nodes import meshctl, node_source
+from .procs import Proc, free_port, wait_port
+
+sys.path.insert(0, str(node_source()))
+from tests.support.oauth_server import oauth_server  # noqa: E402
+
+
+def _bearer(token: str) -> type[LeanMcpHttp]:
+    header = b"authorization: Bearer " + token.encode() + b"\r\n"
+
+    class WithToken(LeanMcpHttp):
+        def _head(self, method: bytes, body: bytes, extra: bytes) -> bytes:
+            return super()._head(method, body, extra + header)
+
+    return WithToken
+
+
+def _percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+
+async def _measure(client_class: type[LeanMcpHttp], url: str, seq: int, conc: int) -> dict[str, float]:
+    client = await client_class.open(url, connections=32)
+    try:
+        tail, extra = client.call_bytes("echo_echo", {"text": "hello"})
+        for _ in range(50):  # warm: the token cache, the session, the face's pages
+            await client.call_prepared(tail, extra)
+        times = []
+        for _ in range(seq):
+            start = time.perf_counter()
+            await client.call_prepared(tail, extra)
+            times.append(time.perf_counter() - start)
+        left = conc
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await client.call_prepared(tail, extra)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(32)))
+        elapsed = time.perf_counter() - start
+    finally:
+        await client.close()
+    return {"p50_us": _percentile(times, 0.5) * 1e6, "p99_us": _percentile(times, 0.99) * 1e6,
+            "calls_per_s": conc / elapsed}
+
+
+def _wait_echo(work: Path, state: Path, proc: Proc) -> None:
+    import subprocess
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run = subprocess.run([*meshctl(), "call", "tool.echo.echo", '{"text":"hi"}', "--state-dir", str(state)],
+                             capture_output=True, text=True, cwd=node_source())
+        if run.returncode == 0:
+            return
+        if not proc.alive():
+            raise RuntimeError(f"the node exited: {proc.tail(20)}")
+        time.sleep(0.5)
+    raise RuntimeError(f"tool.echo.echo did not answer: {run.stderr[-500:]}")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = BENCH / ".work-face-auth"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "logs").mkdir(parents=True)
+    procs: list[Proc] = []
+    try:
+        manifests = work / "modules"
+        echo_module(manifests, "echo")
+        state = work / "state"
+        node = Proc("node", [*meshctl(), "node", "run", "--manifests", str(manifests), "--name", "bench-auth",
+                             "--state-dir", str(state)], work / "logs" / "node.log", cwd=node_source())
+        procs.append(node)
+        _wait_echo(work, state, node)
+        with oauth_server(work) as auth:
+            faces: dict[str, tuple[str, type[LeanMcpHttp]]] = {}
+            for name in ("auth off", "auth on"):
+                port = free_port()
+                extra = ["--auth-issuer", auth.url] if name == "auth on" else []
+                face = Proc(name, [*meshctl(), "mcp", "--state-dir", str(state), "--http", f"127.0.0.1:{port}",
+                                   "--only", "echo_*", *extra], work / "logs" / f"face-{name.replace(' ', '-')}.log",
+                            cwd=node_source())
+                procs.append(face)
+                wait_port(port, 30, face.popen, name)
+                url = f"http://127.0.0.1:{port}/mcp"
+                client_class = LeanMcpHttp
+                if name == "auth on":
+                    form = {"grant_type": "client_credentials", "resource": url, "client_id": "service",
+                            "client_secret": "service-secret", "scope": "mesh"}
+                    request = urllib.request.Request(auth.url + "/token", urllib.parse.urlencode(form).encode())
+                    with urllib.request.urlopen(request, timeout=10) as answer:
+                        client_class = _bearer(json.loads(answer.read())["access_token"])
+                faces[name] = (url, client_class)
+            rounds: list[dict[str, dict[str, float]]] = []
+            for r in range(args.rounds):
+                row = {}
+                for name in (["auth off", "auth on"] if r % 2 == 0 else ["auth on", "auth off"]):
+                    url, client_class = faces[name]
+                    row[name] = await _measure(client_class, url, args.seq, args.conc)
+                    got = row[name]
+                    print(f"round {r + 1} {name}: p50 {got['p50_us']:.0f} us, p99 {got['p99_us']:.0f} us, "
+                          f"{got['calls_per_s']:.0f} calls/s", flush=True)
+                rounds.append(row)
+            tokens = auth.state()["counts"].get("tokens_issued", 0)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    summary = {name: {k: statistics.median(r[name][k] for r in rounds) for k in ("p50_us", "p99_us", "calls_per_s")}
+               for name in ("auth off", "auth on")}
+    ratios = {
+        "p50 on/off": statistics.median(r["auth on"]["p50_us"] / r["auth off"]["p50_us"] for r in rounds),
+        "calls/s on/off": statistics.median(r["auth on"]["calls_per_s"] / r["auth off"]["calls_per_s"] for r in rounds),
+    }
+    return {"summary": summary, "ratios": ratios, "rounds": rounds, "tokens_issued": tokens,
+            "settings": {"rounds": args.rounds, "seq": args.seq, "conc": args.conc, "concurrency": 32}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seq", type=int, default=400)
+    parser.add_argument("--conc", type=int, default=4000)
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print()
+    print(f"{'':10} {'p50 us':>8} {'p99 us':>8} {'calls/s':>9}")
+    for name, got in result["summary"].items():
+        print(f"{name:10} {got['p50_us']:8.0f} {got['p99_us']:8.0f} {got['calls_per_s']:9.0f}")
+    print(f"auth on / off: p50 x{result['ratios']['p50 on/off']:.3f}, calls/s x{result['ratios']['calls/s on/off']:.3f}")
+    out = BENCH / "face-auth-results.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
