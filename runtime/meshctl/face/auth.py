@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from starlette.authentication import AuthCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.meshctl.face.catalog import FaceError
@@ -271,8 +270,9 @@ class Gate:
             return
         if self.verifier is not None and not await self._authorized(scope, send):
             return
-        who = self._whose(scope) if scope["method"] == "POST" and self.manager is not None else None
-        if who is not None and opening(scope):
+        opens = scope["method"] == "POST" and self.manager is not None and opening(scope)
+        who = self._whose(scope) if opens else None
+        if who is not None:
             refusal = self.caps.refusal(who, self.manager)
             if refusal is not None:
                 await _respond(send, 429, refusal, [(b"content-type", b"application/json"), (b"retry-after", b"60")])
@@ -311,7 +311,7 @@ class Gate:
             await self._refuse(send, 403, "insufficient_scope", f"the token lacks the scope {' '.join(missing)}")
             return False
         scope["user"] = found.user
-        scope["auth"] = AuthCredentials(found.access.scopes)
+        scope["auth"] = found.credentials
         scope[PERSON_KEY] = found.person
         scope[OWNER_KEY] = found.owner
         return True

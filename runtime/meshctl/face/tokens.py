@@ -31,6 +31,7 @@ import httpx2
 import jwt
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext, authorization_context
 from mcp.server.auth.provider import AccessToken
+from starlette.authentication import AuthCredentials
 
 from runtime.wire.identity import MAX_NAME_CHARS, Person
 
@@ -68,6 +69,7 @@ class Verified:
     person: Person
     owner: AuthorizationContext  # the package's session owner for this token: (client id, issuer, subject)
     keep_until: float
+    credentials: AuthCredentials  # starlette's, for the scope (made once per token, not per request)
 
     @property
     def access(self) -> AccessToken:
@@ -162,7 +164,7 @@ class TokenVerifier:
         )
         keep_until = min(float(expires) if expires is not None else now + s.cache_s, now + s.cache_s)
         user = AuthenticatedUser(access)
-        return Verified(user, person, authorization_context(user), keep_until)
+        return Verified(user, person, authorization_context(user), keep_until, AuthCredentials(scopes))
 
     # --- JWT ----------------------------------------------------------------------------------
     async def _jwt(self, token: str) -> dict[str, Any]:
