@@ -34,10 +34,11 @@ sys.path.insert(0, str(node_source()))
 from tests.support.oauth_server import oauth_server  # noqa: E402
 
 
-def _bearer(token: str) -> type[LeanMcpHttp]:
-    header = b"authorization: Bearer " + token.encode() + b"\r\n"
+def _bearer(token_text: str) -> type[LeanMcpHttp]:
+    header = b"authorization: Bearer " + token_text.encode() + b"\r\n"
 
     class WithToken(LeanMcpHttp):
+        token = token_text
         def _head(self, method: bytes, body: bytes, extra: bytes) -> bytes:
             return super()._head(method, body, extra + header)
 
@@ -75,6 +76,67 @@ async def _measure(client_class: type[LeanMcpHttp], url: str, seq: int, conc: in
         await client.close()
     return {"p50_us": _percentile(times, 0.5) * 1e6, "p99_us": _percentile(times, 0.99) * 1e6,
             "calls_per_s": conc / elapsed}
+
+
+async def _gate_cost(issuer: str, token: str, url: str, calls: int = 20000) -> dict[str, float]:
+    """The Gate alone, in this process, in front of an app that answers nothing: us per request with
+    a cached token against without auth (the part of the face's cost that authorization adds)."""
+    from urllib.parse import urlsplit
+
+    from runtime.meshctl.face.auth import Gate, load_http_settings
+
+    port = urlsplit(url).port or 0
+    found = {}
+    for name, given in (("auth off", None), ("auth on", issuer)):
+        settings = load_http_settings("127.0.0.1", port, None, issuer=given, audience=None, scopes=[],
+                                      allow_unauthenticated=False, resource=url)
+
+        async def inner(scope: Any, receive: Any, send: Any) -> None:
+            pass
+
+        gate = Gate(inner, settings)
+        headers = [(b"host", f"127.0.0.1:{port}".encode()), (b"content-type", b"application/json"),
+                   (b"mcp-session-id", b"s"), (b"authorization", b"Bearer " + token.encode())]
+
+        async def send(message: Any) -> None:
+            raise AssertionError(f"the gate answered: {message}")
+
+        scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "client": ("127.0.0.1", 1)}
+        await gate(dict(scope), None, send)  # the token verified once (the JWKS fetched), then cached
+        start = time.perf_counter()
+        for _ in range(calls):
+            await gate(dict(scope), None, send)
+        found[name] = (time.perf_counter() - start) / calls * 1e6
+        await gate.aclose()
+    return found
+
+
+async def _bus_leg(state: Path, calls: int = 2000) -> dict[str, float]:
+    """The face's bus leg alone (MeshClient, logged in as the face user, a delegate), one call at a
+    time: p50 without a person and with one (what crossing the bus with the person costs)."""
+    from runtime.bus.connect import connect
+    from runtime.client import MeshClient
+    from runtime.meshctl.settings import login
+    from runtime.wire.identity import Person
+
+    found = login(argparse.Namespace(state_dir=str(state), config=None), "face")
+    nc = await connect(found.cfg, "bench-bus-leg", quiet=True)
+    client = MeshClient(nc)
+    person = Person(iss="http://127.0.0.1:1", sub="service", name="service")
+    result = {}
+    try:
+        for name, who in (("no person", None), ("person", person), ("no person again", None), ("person again", person)):
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                await client.call("mesh.tool.echo.echo", b'{"text":"hello"}', timeout_s=30, on_progress=lambda f: None,
+                                  person=who)
+                times.append(time.perf_counter() - start)
+            result[name] = _percentile(times, 0.5) * 1e6
+    finally:
+        await client.close()
+        await nc.close()
+    return result
 
 
 def _wait_echo(work: Path, state: Path, proc: Proc) -> None:
@@ -135,6 +197,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           f"{got['calls_per_s']:.0f} calls/s", flush=True)
                 rounds.append(row)
             tokens = auth.state()["counts"].get("tokens_issued", 0)
+            on_url, on_class = faces["auth on"]
+            gate_us = await _gate_cost(auth.url, on_class.token, on_url)  # type: ignore[attr-defined]
+        bus_leg = await _bus_leg(state)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -144,7 +209,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "p50 on/off": statistics.median(r["auth on"]["p50_us"] / r["auth off"]["p50_us"] for r in rounds),
         "calls/s on/off": statistics.median(r["auth on"]["calls_per_s"] / r["auth off"]["calls_per_s"] for r in rounds),
     }
-    return {"summary": summary, "ratios": ratios, "rounds": rounds, "tokens_issued": tokens,
+    return {"summary": summary, "ratios": ratios, "rounds": rounds, "tokens_issued": tokens, "gate_us": gate_us, "bus_leg_p50_us": bus_leg,
             "settings": {"rounds": args.rounds, "seq": args.seq, "conc": args.conc, "concurrency": 32}}
 
 
@@ -160,6 +225,10 @@ def main() -> None:
     for name, got in result["summary"].items():
         print(f"{name:10} {got['p50_us']:8.0f} {got['p99_us']:8.0f} {got['calls_per_s']:9.0f}")
     print(f"auth on / off: p50 x{result['ratios']['p50 on/off']:.3f}, calls/s x{result['ratios']['calls/s on/off']:.3f}")
+    gate = result["gate_us"]
+    print(f"the Gate alone, per request: {gate['auth off']:.1f} us without auth, {gate['auth on']:.1f} us with a cached token")
+    leg = result["bus_leg_p50_us"]
+    print("the bus leg alone, p50: " + ", ".join(f"{k} {v:.0f} us" for k, v in leg.items()))
     out = BENCH / "face-auth-results.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {out}")
