@@ -112,8 +112,8 @@ async def test_http_checks_origin(mesh: Mesh, tmp_path: Path) -> None:
             port = endpoint.split(":")[2].split("/")[0]
             local = await http.post(endpoint, json=ping, headers={**headers, "Origin": f"http://127.0.0.1:{port}"})
             assert local.status_code == 200
-    wide = meshctl_mcp(mesh.url, "--http", "0.0.0.0:1")  # not loopback, no --allow-origin: refused at start
-    assert wide.returncode == 2 and "--allow-origin" in wide.stderr
+    wide = meshctl_mcp(mesh.url, "--http", "0.0.0.0:1")  # not loopback, no authorization: refused at start
+    assert wide.returncode == 2 and "--auth-issuer" in wide.stderr and "--allow-unauthenticated" in wide.stderr
 
 
 async def test_runtime_errors_are_tool_results_with_is_error(mesh: Mesh) -> None:
