@@ -39,6 +39,10 @@ class LeaseRecord(msgspec.Struct, frozen=True):
     service: str  # the holder's Service API id: whether it lives is one $SRV.PING away
     run: str  # the holding process's run id: a restarted node is another process
     since: float  # unix time the hold began
+    # A replicated seat: when its replica last took a write (unix time, 0: never), and how far the
+    # holder's database is ahead of it (seconds), as the holder saw at its last renewal.
+    synced: float = 0.0
+    lag_s: float = 0.0
 
 
 class HomeRecord(msgspec.Struct, frozen=True):
@@ -48,6 +52,17 @@ class HomeRecord(msgspec.Struct, frozen=True):
     how: str = "first holder"  # or what the operator did: adopted, moved
     data: str = ""  # a moved seat: the object in `mesh-seat-data` holding its data
     sha256: str = ""  # of that object
+    # The store's identity (runtime/seats/store.py): a random id, the node that made it, when. A node
+    # serves the seat only from a folder (or a replica) carrying this id.
+    store: str = ""
+    store_node: str = ""
+    store_since: float = 0.0
+    # A replicated seat (runtime/seats/replica.py): the current generation's bucket prefix (one
+    # bucket a database: `<replica>-<i>`), and whether its last holder stopped cleanly (its
+    # replica then holds every answered write: no ids to skip).
+    replica: str = ""
+    clean: bool = False
+    restore_at: str = ""  # `meshctl seat restore --at`: the point in time the named node restores
 
 
 class Held(msgspec.Struct, frozen=True):
