@@ -237,8 +237,10 @@ class ModuleHost(RunnerEvents):
             self.delivery_problems[module] = problem
 
     def _runner(self, placement: Placement, spec: BundleManifest) -> BundleRunner:
-        # Children run as another user: their data folder is theirs, nothing else of the node's.
-        made_data_dir(self.state_dir, placement.loaded.module.name, self.config.child_user, self.config.child_group)
+        # Children run as another user: their data folder is theirs, nothing else of the node's. A
+        # stateful module's folder is made by its seat's store, only where the seat is held.
+        if not stateful_seats(placement):
+            made_data_dir(self.state_dir, placement.loaded.module.name, self.config.child_user, self.config.child_group)
         return BundleRunner(runner_spec(placement, spec, self.config, self.run_id), events=self, reaper=self.reaper)
 
     async def _stop(self, bundle: BundleRunner) -> None:

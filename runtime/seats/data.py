@@ -25,6 +25,7 @@ import msgspec
 from nats.aio.client import Client
 
 from runtime.config import NatsConfig, SeatsConfig
+from runtime.hosting.placement import made_data_dir
 from runtime.seats import replica
 from runtime.seats.replica import ReplicaError, Replicator
 from runtime.seats.store import StoreMissing, matches, move_aside, new_store_id, what_is_there, write_identity
@@ -285,12 +286,11 @@ class SeatData:
         return self.data_dir.is_dir() and any(self.data_dir.iterdir())
 
     def _made_folder(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         user, group = self.owner
+        made_data_dir(self.state_dir, self.data_dir.name, user, group)
         if user:
-            for path in [self.data_dir, *self.data_dir.rglob("*")]:
+            for path in self.data_dir.rglob("*"):
                 shutil.chown(path, user, group)
-        os.chmod(self.data_dir, 0o700)
 
     def _replicas(self) -> int:
         return self.config.replicas or 3  # a lone server refuses 3: create_buckets takes 1 then

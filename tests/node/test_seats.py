@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,7 @@ async def test_a_seat_move_takes_the_data_to_the_other_node_which_then_holds_it(
 ) -> None:
     await pair(m, tmp_path, script)
     (m.tmp / "state-a" / "data" / "store" / "kept.txt").write_text("kept on a")
+    (m.tmp / "state-b" / "data" / "store").mkdir(parents=True)  # b, on standby, made no folder of its own
     (m.tmp / "state-b" / "data" / "store" / "own.txt").write_text("b's own")
     ask = msgspec.json.encode(SeatMoveAsk(seat="memory", to="b"))
     msg = await m.nc.request(node_subject("a", SEAT_MOVE), ask, timeout=10)
@@ -341,3 +343,52 @@ async def test_a_standby_node_lists_none_of_the_modules_endpoints(tmp_path: Path
     assert sorted(e["subject"] for e in infos["a"]["endpoints"]) == ["mesh.seat.memory.get", "mesh.tool.store.remember"]
     assert infos["b"]["endpoints"] == [] and infos["b"]["metadata"]["seats"] == ""
     assert infos["a"]["metadata"]["seats"] == "memory"
+
+
+# --- the store's identity (issue 22) ---------------------------------------------------------------
+async def test_a_local_seat_restarted_on_an_empty_state_folder_answers_503_naming_its_store_and_creates_nothing(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    await pair(m, tmp_path, script)
+    home = await (await SeatLeases.open(m.nc, 1.5)).home("memory")
+    assert home is not None and home.record.store and home.record.store_node == "a"  # type: ignore[union-attr]
+    expected = home.record.store  # type: ignore[union-attr]
+    folder = m.tmp / "state-a" / "data" / "store"
+    assert json.loads((folder / ".mesh-store-memory.json").read_text())["store"] == expected
+    assert (await seat_of(m, "a")).store == expected
+    await m.stop("b")  # only a answers now
+    await m.stop("a")
+    shutil.rmtree(m.tmp / "state-a")  # a new disk: the same name, an empty state folder
+    await m.start("a", store(tmp_path, "a"), seats=SEATS)
+    for subject in ("mesh.seat.memory.get", "mesh.tool.store.remember"):
+        body = await answer(m, subject, "503")
+        e = body["error"]
+        assert (e["kind"], e["seat"], e["node"]) == ("seat_unavailable", "memory", "a"), e
+        assert e["store"]["id"] == expected and e["store"]["node"] == "a" and e["store"]["since"] > 0, e
+        assert e["store"]["path"] == str(folder) and e["store"]["found"] == "no folder", e
+        assert expected in e["message"] and str(folder) in e["message"]
+        assert any("meshctl seat restore memory --node a" in w for w in e["ways_out"]), e["ways_out"]
+        assert any("meshctl seat adopt memory --node a" in w for w in e["ways_out"]), e["ways_out"]
+    seat = await seat_of(m, "a")
+    assert (seat.state, seat.store) == ("refused", expected) and expected in seat.reason
+    assert not folder.exists() and child_of(script, "a")[-1].spec.env["MESH_NODE"] == "a"  # type: ignore[union-attr]
+    assert len(child_of(script, "a")) == 1  # the first run's child only: no child, no store on the new disk
+    assert (await m.status("a")).bundle("store/tools").state == "standby"  # type: ignore[union-attr]
+    # The operator's word: a new, empty store on purpose, with a new id.
+    await adopt(m.nc, "memory", "a")
+    await answer(m, "mesh.seat.memory.get", None)
+    new = json.loads((folder / ".mesh-store-memory.json").read_text())["store"]
+    assert new != expected and (await seat_of(m, "a")).store == new
+
+
+async def test_a_folder_holding_another_store_is_not_served(tmp_path: Path, m: Mesh, script: Script) -> None:
+    await pair(m, tmp_path, script)
+    await m.stop("b")
+    await m.stop("a")
+    folder = m.tmp / "state-a" / "data" / "store"
+    identity = json.loads((folder / ".mesh-store-memory.json").read_text())
+    (folder / ".mesh-store-memory.json").write_text(json.dumps({**identity, "store": "0123456789abcdef"}))
+    await m.start("a", store(tmp_path, "a"), seats=SEATS)
+    body = await answer(m, "mesh.seat.memory.get", "503")
+    assert "store 0123456789abcdef (made on node a), another store" == body["error"]["store"]["found"]
+    assert sorted(p.name for p in folder.iterdir()) == [".mesh-store-memory.json"]  # nothing added
