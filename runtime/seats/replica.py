@@ -247,9 +247,11 @@ class Replicator:
 
     async def _once(self, out: IO[bytes]) -> None:
         self.starts += 1
-        self.process = await anyio.open_process(
-            [self.binary, "replicate", "-config", str(self.config)], stdin=None, stdout=out, stderr=out
-        )
+        argv = [self.binary, "replicate", "-config", str(self.config)]
+        setpriv = shutil.which("setpriv")
+        if setpriv:  # it dies with the node (kill -9 included): no orphan writes into an old generation
+            argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        self.process = await anyio.open_process(argv, stdin=None, stdout=out, stderr=out)
         if self._stopping:  # killed while it was being started
             self.process.kill()
         code = await self.process.wait()

@@ -1,0 +1,217 @@
+"""Replicated seats on real processes (issue 22): two nodes serving bundles/memory (Python) and
+bundles/handoff (Go) from source on one nats-server with JetStream, the holder killed with
+SIGKILL, its data restored by the other from the Litestream replica in JetStream; ids never
+reused; the old holder back with its old copy stands by and, when it holds again, serves the new
+holder's writes, never its stale copy; a standby has no database file; a paused holder fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from runtime.seats.replica import generations, litestream_binary
+from runtime.wire.leases import HomeRecord, SeatLeases
+from tests.faults.security_support import ConfiguredServer, node_config
+from tests.support.callers import LOCAL, MESH_PASSWORD, MESH_USER, callers_server, connect_as
+from tests.support.mesh import ROOT, NodeProcess, call, status, wait_state
+
+TTL_S = 3
+pytestmark = pytest.mark.skipif(
+    litestream_binary("") is None, reason="litestream is not installed: run scripts/setup-litestream.sh"
+)
+
+
+def memory_mods(tmp_path: Path) -> Path:
+    mods = tmp_path / "mods"
+    if not mods.exists():
+        shutil.copytree(ROOT / "bundles" / "memory", mods / "memory", ignore=shutil.ignore_patterns("__pycache__"))
+    return mods
+
+
+def memory_node(tmp_path: Path, bus: ConfiguredServer, name: str) -> NodeProcess:
+    config = node_config({"url": bus.url, "user": MESH_USER, "password": MESH_PASSWORD})
+    config = config.replace("init_timeout_s = 2", "init_timeout_s = 20")
+    config += f'\n[identity]\nlocal = "{LOCAL}"\n[seats]\nlease_ttl_s = {TTL_S}\n'
+    node = NodeProcess(tmp_path, memory_mods(tmp_path), None, name, config=config)
+    node.wait_log("serving on", timeout=60)
+    return node
+
+
+async def remember(nc: Client, text: str) -> int:
+    code, body = await call(nc, "mesh.seat.memory.remember", {"content": text, "type": "status"}, timeout=20)
+    assert code == 200 and body["isError"] is False, body
+    return body["structuredContent"]["id"]
+
+
+async def recall(nc: Client) -> list[int]:
+    code, body = await call(nc, "mesh.seat.memory.recall", {"limit": 200}, timeout=20)
+    assert code == 200 and body["isError"] is False, body
+    return sorted(e["id"] for e in body["structuredContent"]["entries"])
+
+
+async def seat(nc: Client, node: str) -> dict[str, Any]:
+    [s] = (await status(nc, node))["seats"]
+    return s
+
+
+async def until(what: str, check: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await check()
+        except Exception as e:  # not yet: no responders, 503 while nobody holds the seat
+            last = e
+        else:
+            if last:
+                return last
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not within {timeout} s; last: {last!r}")
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Any:
+    server = callers_server(tmp_path / "bus")
+    yield server
+    server.stop()
+
+
+def db_files(node: NodeProcess, module: str) -> list[str]:
+    folder = node.state_dir / "data" / module
+    return sorted(p.name for p in folder.glob("*")) if folder.exists() else []
+
+
+def test_memory_survives_its_holders_kill_9_ids_continue_and_the_old_copy_is_never_served(
+    tmp_path: Path, bus: ConfiguredServer
+) -> None:
+    n1 = memory_node(tmp_path, bus, "n1")
+    n2: NodeProcess | None = None
+    n1b: NodeProcess | None = None
+
+    async def run() -> None:
+        nonlocal n2, n1b
+        ops = await connect_as(bus, None)
+        alice = await connect_as(bus, "alice")
+        await wait_state(ops, "n1", "memory/tools", "ready", timeout=60)
+        n2 = memory_node(tmp_path, bus, "n2")
+        await wait_state(ops, "n2", "memory/tools", "standby", timeout=30)
+        ids = [await remember(alice, f"entry {i}") for i in range(50)]
+        assert ids == list(range(ids[0], ids[0] + 50))
+        # While n1 holds, n2 has no store: no memory.sqlite3, no migration, no child.
+        assert not [f for f in db_files(n2, "memory") if f.startswith("memory.sqlite3")], db_files(n2, "memory")
+        assert "memory migrate" not in n2.log()
+        await asyncio.sleep(1.5)  # past [seats] sync_interval_ms: every answered write is in the replica
+        leases = await SeatLeases.open(ops, TTL_S)
+        before = (await leases.home("memory")).record  # type: ignore[union-attr]
+        assert isinstance(before, HomeRecord) and before.store and before.replica
+        killed = time.monotonic()
+        n1.kill()  # SIGKILL: its children and its Litestream die with it
+        assert await until("n2 recalling all 50", lambda: _all(alice, ids), TTL_S + 15)
+        took = time.monotonic() - killed
+        print(f"takeover: kill -9 to the first answered recall with all 50 entries: {took:.2f} s")
+        new_id = await remember(alice, "written on n2")
+        assert new_id > max(ids), (new_id, ids)  # no id reused, even one answered but not replicated
+        after = (await leases.home("memory")).record  # type: ignore[union-attr]
+        assert isinstance(after, HomeRecord)
+        assert after.store == before.store and after.replica != before.replica and after.node == "n2"
+        assert await generations(ops, "memory") == [f"{after.replica}-0"]  # n1's generation is gone
+        assert (await seat(ops, "n2"))["store"] == before.store
+        # n1 comes back with its old folder: standby, its copy not served.
+        n1b = memory_node(tmp_path, bus, "n1")
+        await wait_state(ops, "n1", "memory/tools", "standby", timeout=30)
+        assert (await seat(ops, "n1"))["holder"] == "n2"
+        assert n2.terminate() == 0  # a clean stop: n1 takes the seat with n2's writes
+        assert await until("n1 serving n2's write", lambda: _has(alice, new_id), 30)
+        assert list((n1b.state_dir / "data").glob("memory.stale-*")), "n1's old copy was moved aside"
+        again = await remember(alice, "written on n1 again")
+        assert again == new_id + 1  # a clean stop: nothing to skip
+        await ops.close()
+        await alice.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for node in (n1, n2, n1b):
+            if node is not None:
+                node.kill()
+
+
+async def _all(nc: Client, ids: list[int]) -> bool:
+    return await recall(nc) == ids
+
+
+async def _has(nc: Client, entry: int) -> bool:
+    return entry in await recall(nc)
+
+
+def test_a_paused_holder_is_fenced_it_stops_serving_and_replicating(tmp_path: Path, bus: ConfiguredServer) -> None:
+    n1 = memory_node(tmp_path, bus, "n1")
+    n2: NodeProcess | None = None
+
+    async def run() -> None:
+        nonlocal n2
+        ops = await connect_as(bus, None)
+        alice = await connect_as(bus, "alice")
+        await wait_state(ops, "n1", "memory/tools", "ready", timeout=60)
+        n2 = memory_node(tmp_path, bus, "n2")
+        await wait_state(ops, "n2", "memory/tools", "standby", timeout=30)
+        first = await remember(alice, "before the pause")
+        await asyncio.sleep(1.5)
+        os.kill(n1.proc.pid, signal.SIGSTOP)  # the node only: its children and Litestream run on
+        try:
+            assert await until("n2 holding", lambda: _has(alice, first), TTL_S + 15)
+            on_n2 = await remember(alice, "written on n2")
+        finally:
+            os.kill(n1.proc.pid, signal.SIGCONT)
+        # n1 learns at its next renewal that its lease is gone: it stops serving and replicating.
+        assert await until("n1 standing by", lambda: _elsewhere(ops, "n1", "n2"), 20)
+        assert "litestream" not in _children(n1.proc.pid), _children(n1.proc.pid)
+        leases = await SeatLeases.open(ops, TTL_S)
+        home = (await leases.home("memory")).record  # type: ignore[union-attr]
+        assert isinstance(home, HomeRecord) and home.node == "n2"
+        assert await generations(ops, "memory") == [f"{home.replica}-0"]  # only n2's generation
+        for _ in range(5):  # every answer is n2's
+            assert on_n2 in await recall(alice)
+        assert "stopped serving it at once" in n1.log()
+        await ops.close()
+        await alice.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for node in (n1, n2):
+            if node is not None:
+                node.kill()
+
+
+async def _elsewhere(nc: Client, node: str, holder: str) -> bool:
+    s = await seat(nc, node)
+    return s["state"] == "elsewhere" and s["holder"] == holder
+
+
+def _children(pid: int) -> str:
+    names = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            try:
+                names.append((entry / "cmdline").read_text().replace("\0", " "))
+            except OSError:
+                pass
+    return json.dumps(names)
