@@ -235,6 +235,14 @@ class SeatKeeper:
             await self._lose(str(e))
             await self.look()  # learn at once who holds it now
 
+    def wake(self) -> None:
+        self._woken.set()
+
+    def lapsed(self) -> bool:
+        """Held, but not renewed for two thirds of the lease's life (a pause, a stalled loop): by now
+        another node may hold the seat, so no call is served until the keeper knows."""
+        return self._held is not None and time.monotonic() - self._renewed_at > self.leases.ttl_s * 2 / 3
+
     async def _check_validity(self) -> None:
         # Unable to renew for two thirds of its life: by the time it expires another node may hold it.
         if self._held is not None and time.monotonic() - self._renewed_at > self.leases.ttl_s * 2 / 3:

@@ -29,6 +29,7 @@ from runtime.seats.data import SeatData
 from runtime.seats.keeper import SeatKeeper
 from runtime.seats.move import export_seat, import_seat, needs_import
 from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
+from runtime.wire.errors import NodeError
 from runtime.wire.leases import HomeRecord, SeatLeases
 from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX
 
@@ -110,6 +111,15 @@ class Seats:
         self.service_id = ""
         self.bus: NatsConfig | None = None  # how a replicated seat's Litestream reaches the bus
         self._tg: anyio.abc.TaskGroup | None = None
+        table.fence = self.fence
+
+    def fence(self, subject: str, module: str) -> NodeError | None:
+        """A call to a module whose held lease lapsed (this node was paused past it): 503, not served."""
+        for keeper in self.keepers.values():
+            if keeper.module == module and keeper.lapsed():
+                keeper.wake()  # the keeper learns now whether the lease is still its own
+                return keeper.unavailable(subject)
+        return None
 
     def serve(self, nc: Client, service_id: str, tg: anyio.abc.TaskGroup, bus: NatsConfig | None = None) -> None:
         """The bus, this node's Service API id (named in its leases) and where keepers run."""
