@@ -8,6 +8,7 @@ holder's writes, never its stale copy; a standby has no database file; a paused 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from nats.aio.client import Client
 
 from runtime.seats.replica import generations, litestream_binary
 from runtime.wire.leases import HomeRecord, SeatLeases
-from tests.faults.security_support import ConfiguredServer, node_config
+from tests.faults.security_support import ConfiguredServer, meshctl, node_config
 from tests.support.callers import LOCAL, MESH_PASSWORD, MESH_USER, callers_server, connect_as
 from tests.support.mesh import ROOT, NodeProcess, call, status, wait_state
 
@@ -241,3 +242,46 @@ def _children(pid: int) -> str:
             except OSError:
                 pass
     return json.dumps(names)
+
+
+def test_seat_list_shows_the_store_and_its_sync_and_restore_brings_back_a_point_in_time(
+    tmp_path: Path, bus: ConfiguredServer
+) -> None:
+    n1 = memory_node(tmp_path, bus, "n1")
+    again: NodeProcess | None = None
+    login = ["--nats", bus.url, "--user", MESH_USER, "--password", MESH_PASSWORD]
+
+    async def run() -> None:
+        nonlocal again
+        ops = await connect_as(bus, None)
+        alice = await connect_as(bus, "alice")
+        await wait_state(ops, "n1", "memory/tools", "ready", timeout=60)
+        kept = [await remember(alice, f"kept {i}") for i in range(3)]
+        await asyncio.sleep(2.5)
+        point = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await asyncio.sleep(1.5)
+        later = [await remember(alice, f"later {i}") for i in range(2)]
+        await asyncio.sleep(2.0)  # a renewal carries the replica's last sync
+        listed = meshctl("seat", "list", "--json", *login)
+        assert listed.returncode == 0, listed.stderr
+        [row] = [r for r in json.loads(listed.stdout) if r["seat"] == "memory"]
+        assert row["holder"] == "n1" and row["store"] and row["replica"].startswith("mesh-seat-memory-")
+        assert 0 < time.time() - row["last_sync"] < 10 and row["lag_s"] < 5, row
+        refused = meshctl("seat", "restore", "memory", "--node", "n1", "--at", point, *login)
+        assert refused.returncode == 1 and "node n1 holds seat memory now" in refused.stderr
+        assert n1.terminate() == 0
+        done = meshctl("seat", "restore", "memory", "--node", "n1", "--at", point, *login)
+        assert done.returncode == 0, done.stderr
+        again = memory_node(tmp_path, bus, "n1")
+        await wait_state(ops, "n1", "memory/tools", "ready", timeout=60)
+        seen = await recall(alice)
+        assert set(kept) <= set(seen) and not set(later) & set(seen), (kept, later, seen)
+        await ops.close()
+        await alice.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for node in (n1, again):
+            if node is not None:
+                node.kill()

@@ -29,7 +29,7 @@ from runtime.hosting.placement import made_data_dir
 from runtime.seats import replica
 from runtime.seats.replica import ReplicaError, Replicator
 from runtime.seats.store import StoreMissing, matches, move_aside, new_store_id, what_is_there, write_identity
-from runtime.wire.leases import Found, HomeRecord, SeatLeases
+from runtime.wire.leases import NEWEST, Found, HomeRecord, SeatLeases
 
 log = logging.getLogger("mesh.seats")
 
@@ -170,7 +170,8 @@ class SeatData:
         started = time.monotonic()
         config = self._config(staging, names, "restore")
         for database in self.databases:
-            got = await replica.restore(binary, config, staging / database, staging / database, record.restore_at)
+            at = "" if record.restore_at == NEWEST else record.restore_at
+            got = await replica.restore(binary, config, staging / database, staging / database, at)
             if got:
                 said = await anyio.to_thread.run_sync(replica.integrity, staging / database)
                 if said != "ok":

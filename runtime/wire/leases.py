@@ -31,6 +31,7 @@ LEASE_BUCKET = "mesh-seat-leases"
 HOME_BUCKET = "mesh-seat-homes"
 # A lease record is small; a bigger value is not ours and is read as garbage, not trusted.
 MAX_RECORD_BYTES = 4096
+NEWEST = "newest"  # HomeRecord.restore_at: the newest point of the replica, restored by the node named
 
 
 class LeaseRecord(msgspec.Struct, frozen=True):
