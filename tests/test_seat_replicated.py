@@ -24,7 +24,7 @@ from runtime.seats.replica import generations, litestream_binary
 from runtime.wire.leases import HomeRecord, SeatLeases
 from tests.faults.security_support import ConfiguredServer, meshctl, node_config
 from tests.support.callers import LOCAL, MESH_PASSWORD, MESH_USER, callers_server, connect_as
-from tests.support.mesh import ROOT, NodeProcess, call, status, wait_state
+from tests.support.mesh import FAST_CONFIG, ROOT, NodeProcess, call, client, status, wait_state
 
 TTL_S = 3
 pytestmark = pytest.mark.skipif(
@@ -285,3 +285,86 @@ def test_seat_list_shows_the_store_and_its_sync_and_restore_brings_back_a_point_
         for node in (n1, again):
             if node is not None:
                 node.kill()
+
+
+# --- handoff (Go): open and claimed entries, owners and logs -----------------------------------------
+HANDOFF_A = {"account": "AGENT_A", "user": "a", "name": None, "via": "bus"}
+HANDOFF_B = {"account": "AGENT_B", "user": "b", "name": None, "via": "bus"}
+QUESTION = {
+    "projekt": "line-7",
+    "frage": "What is the scale_factor in the calibration file of line 7?",
+    "versucht": "searched my workdir and the repo",
+    "benoetigt": "the scale_factor as a number",
+}
+
+
+def handoff_node(tmp_path: Path, server: ConfiguredServer, name: str) -> NodeProcess:
+    from tests.support import handoff
+
+    mods = tmp_path / "handoff-mods"
+    if not mods.exists():
+        shutil.copytree(handoff.MODULE_DIR, mods / "handoff", ignore=shutil.ignore_patterns("bin", "__pycache__"))
+    config = FAST_CONFIG + f'[nats]\nuser = "{handoff.MESH_USER}"\npassword = "{handoff.PASSWORD}"\n'
+    config += f"[seats]\nlease_ttl_s = {TTL_S}\n"
+    node = NodeProcess(tmp_path, mods, server.url, name, config=config)
+    node.wait_log("serving on", timeout=600)
+    return node
+
+
+def _num(entry_id: str) -> int:
+    return int(entry_id.rsplit("-", 1)[1])
+
+
+def test_handoff_survives_its_holders_kill_9_with_owners_and_logs(tmp_path: Path) -> None:
+    from tests.support.handoff import Seat, accounts_server, url_of
+
+    server = accounts_server(tmp_path / "bus", [HANDOFF_A, HANDOFF_B])
+    nodes: list[NodeProcess] = []
+
+    async def run() -> None:
+        ops = await client(url_of(server, None))
+        nodes.append(handoff_node(tmp_path, server, "n1"))
+        await wait_state(ops, "n1", "handoff/tools", "ready", timeout=600)
+        nodes.append(handoff_node(tmp_path, server, "n2"))
+        await wait_state(ops, "n2", "handoff/tools", "standby", timeout=60)
+        a, b = await Seat.connect(server, HANDOFF_A), await Seat.connect(server, HANDOFF_B)
+        try:
+            opened = [(await a.ok("open", **QUESTION))["id"] for _ in range(3)]
+            await b.ok("claim", id=opened[0])
+            before = {i: await a.ok("get", id=i) for i in opened}
+            assert before[opened[0]]["state"] == "claimed" and before[opened[0]]["owner"] == "AGENT_B/b"
+            assert not [f for f in db_files(nodes[1], "handoff") if f.startswith("handoff.db")]
+            await asyncio.sleep(1.5)
+            nodes[0].kill()
+            got = await until("n2 serving the claimed entry", lambda: _get(a, opened[0]), TTL_S + 15)
+            for i in opened:
+                now = got if i == opened[0] else await a.ok("get", id=i)
+                assert (now["state"], now["owner"], now["log"]) == (
+                    before[i]["state"],
+                    before[i]["owner"],
+                    before[i]["log"],
+                ), (before[i], now)
+            fresh = (await a.ok("open", **QUESTION))["id"]
+            assert _num(fresh) > max(_num(i) for i in opened)  # no id reused
+            nodes.append(handoff_node(tmp_path, server, "n1"))
+            await wait_state(ops, "n1", "handoff/tools", "standby", timeout=60)
+            assert nodes[1].terminate() == 0
+            back = await until("n1 serving n2's entry", lambda: _get(a, fresh), 60)
+            assert back["state"] == "open" and back["opener"] == "AGENT_A/a", back
+            assert list((nodes[2].state_dir / "data").glob("handoff.stale-*"))
+        finally:
+            await a.close()
+            await b.close()
+            await ops.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for node in nodes:
+            node.kill()
+        server.stop()
+
+
+async def _get(seat: Any, entry: str) -> dict[str, Any] | None:
+    result = await seat.call("get", timeout=2, id=entry)
+    return None if result.get("isError") else result["structuredContent"]
