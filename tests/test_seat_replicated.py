@@ -368,3 +368,68 @@ def test_handoff_survives_its_holders_kill_9_with_owners_and_logs(tmp_path: Path
 async def _get(seat: Any, entry: str) -> dict[str, Any] | None:
     result = await seat.call("get", timeout=2, id=entry)
     return None if result.get("isError") else result["structuredContent"]
+
+
+# --- a three-server JetStream cluster ----------------------------------------------------------------
+def test_on_a_three_server_cluster_the_holder_and_its_server_die_and_the_other_node_takes_over(tmp_path: Path) -> None:
+    from runtime.bus.embedded import free_port
+    from tests.faults.conftest import Server
+
+    cluster_ports = [free_port() for _ in range(3)]
+    servers = [
+        Server(
+            tmp_path / "cluster",
+            f"s{i + 1}",
+            cluster_port=cluster_ports[i],
+            routes=[p for j, p in enumerate(cluster_ports) if j != i],
+            cluster_name="seats",
+        )
+        for i in range(3)
+    ]
+    nodes: list[NodeProcess] = []
+    config = FAST_CONFIG.replace("init_timeout_s = 2", "init_timeout_s = 20")
+    config += f"[seats]\nlease_ttl_s = {TTL_S}\nreplicas = 3\n"
+
+    async def run() -> None:
+        for s in servers:
+            s.start()
+        ops = await client(servers[2].url)
+        # JetStream answers once the cluster has a meta leader.
+        await until("a JetStream meta leader", lambda: _js_ready(ops), 60)
+        nodes.append(NodeProcess(tmp_path, memory_mods(tmp_path), servers[0].url, "n1", config=config))
+        nodes[0].wait_log("serving on", timeout=60)
+        await wait_state(ops, "n1", "memory/tools", "ready", timeout=60)
+        nodes.append(NodeProcess(tmp_path, memory_mods(tmp_path), servers[1].url, "n2", config=config))
+        nodes[1].wait_log("serving on", timeout=60)
+        await wait_state(ops, "n2", "memory/tools", "standby", timeout=60)
+        ids = [await remember(ops, f"clustered {i}") for i in range(20)]
+        await asyncio.sleep(1.5)
+        replicas = await _replicas(ops)
+        assert replicas and set(replicas.values()) == {3}, replicas  # the seat's buckets live on all three
+        nodes[0].kill()
+        servers[0].kill()  # the server n1 was connected to dies with it
+        assert await until("n2 recalling every entry", lambda: _all(ops, ids), TTL_S + 30)
+        assert (await seat(ops, "n2"))["state"] == "held"
+        await ops.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        for node in nodes:
+            node.kill()
+        for s in servers:
+            s.stop()
+
+
+async def _js_ready(nc: Client) -> bool:
+    info = await nc.jetstream().account_info()
+    return info is not None
+
+
+async def _replicas(nc: Client) -> dict[str, int]:
+    """Replicas of the seat lease/home buckets and the memory seat's replica buckets."""
+    found = {}
+    for stream in ("KV_mesh-seat-leases", "KV_mesh-seat-homes", *[f"OBJ_{b}" for b in await generations(nc, "memory")]):
+        info = await nc.jetstream().stream_info(stream)
+        found[stream] = info.config.num_replicas or 1
+    return found

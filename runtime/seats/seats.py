@@ -196,7 +196,9 @@ class Seats:
         assert self.nc is not None and self._tg is not None, "seats are claimed while the node serves"
         try:
             if self.leases is None:
-                self.leases = await SeatLeases.open(self.nc, self.config.seats.lease_ttl_s)
+                self.leases = await SeatLeases.open(
+                    self.nc, self.config.seats.lease_ttl_s, self.config.seats.replicas or 3
+                )
         except Exception as e:  # no JetStream on this bus: no lease, so no stateful seat
             # Its module's own tools stay unserved too (entry.stateful keeps the seat): they share its store.
             self._refuse(

@@ -98,17 +98,23 @@ def _is_wrong_sequence(e: Exception) -> bool:
     return isinstance(e, KeyWrongLastSequenceError) or "wrong last sequence" in str(e).lower()
 
 
-async def _bucket(nc: Client, name: str, ttl: float | None) -> KeyValue:
+async def _bucket(nc: Client, name: str, ttl: float | None, replicas: int = 1) -> KeyValue:
     js = nc.jetstream()
     try:
         return await js.key_value(name)
     except (BucketNotFoundError, NotFoundError):
         pass
     try:
-        return await js.create_key_value(bucket=name, history=1, ttl=ttl)
-    except BadRequestError:
+        return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
+    except BadRequestError as e:
+        if replicas > 1 and "replicas" in str(e).lower():  # a lone server (or too few): one replica
+            return await _bucket(nc, name, ttl, 1)
         # Another node made it at the same instant, perhaps with another TTL: use theirs.
         return await js.key_value(name)
+    except Exception as e:
+        if replicas > 1 and ("replicas" in str(e).lower() or "insufficient" in str(e).lower()):
+            return await _bucket(nc, name, ttl, 1)
+        raise
 
 
 class SeatLeases:
@@ -118,9 +124,10 @@ class SeatLeases:
         self.leases, self.homes, self.ttl_s = leases, homes, ttl_s
 
     @classmethod
-    async def open(cls, nc: Client, ttl_s: float) -> SeatLeases:
-        leases = await _bucket(nc, LEASE_BUCKET, ttl_s)
-        homes = await _bucket(nc, HOME_BUCKET, None)
+    async def open(cls, nc: Client, ttl_s: float, replicas: int = 1) -> SeatLeases:
+        """`replicas`: of the buckets when this node makes them (a cluster keeps its seats when a server dies)."""
+        leases = await _bucket(nc, LEASE_BUCKET, ttl_s, replicas)
+        homes = await _bucket(nc, HOME_BUCKET, None, replicas)
         status = await leases.status()
         # The bucket's age is the lease's life, whatever this node's config says.
         return cls(leases, homes, float(status.ttl or ttl_s))
