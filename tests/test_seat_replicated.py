@@ -290,7 +290,7 @@ def test_seat_list_shows_the_store_and_its_sync_and_restore_brings_back_a_point_
 # --- handoff (Go): open and claimed entries, owners and logs -----------------------------------------
 HANDOFF_A = {"account": "AGENT_A", "user": "a", "name": None, "via": "bus"}
 HANDOFF_B = {"account": "AGENT_B", "user": "b", "name": None, "via": "bus"}
-QUESTION = {
+QUESTION: dict[str, Any] = {
     "projekt": "line-7",
     "frage": "What is the scale_factor in the calibration file of line 7?",
     "versucht": "searched my workdir and the repo",
