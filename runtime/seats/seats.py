@@ -28,6 +28,7 @@ from runtime.hosting.placement import Placement, data_dir
 from runtime.seats.data import SeatData
 from runtime.seats.keeper import SeatKeeper
 from runtime.seats.move import export_seat, import_seat, needs_import
+from runtime.seats.store import move_aside
 from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
 from runtime.wire.errors import NodeError
 from runtime.wire.leases import HomeRecord, SeatLeases
@@ -298,6 +299,10 @@ class Seats:
                     drain_timeout_s=self.config.drain_timeout_s,
                 )
                 reply = SeatMoveReply(ok=True, seat=seat, from_node=self.node, to=to, object=record.data)
+                # The old home's copy is not left live: its children stop, its folder goes aside.
+                await self.host.stop_module(entry.name)
+                aside = move_aside(data_dir(self.state_dir, entry.name))
+                log.warning("seat %s: moved to node %s; this node's folder kept aside in %s", seat, to, aside)
             except Exception as e:  # the home did not change: this node takes the seat back
                 log.error("seat %s: move to node %s failed: %s", seat, to, e)
                 reply = SeatMoveReply(

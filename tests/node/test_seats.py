@@ -276,6 +276,22 @@ async def test_a_seat_move_takes_the_data_to_the_other_node_which_then_holds_it(
     await until(lambda: _elsewhere(m, "a", "b"), "a standing by for b")
     _, code = await m.call("mesh.tool.store.remember", {})
     assert code is None and len(child_of(script, "b")[-1].calls()) == 1
+    # Nothing left behind: a's folder aside (not live), the packed copy gone from the bus, the store the same.
+    data_a = m.tmp / "state-a" / "data"
+    assert not (data_a / "store").exists() and [p.name for p in data_a.glob("store.stale-*")]
+    assert not child_of(script, "a")[-1].running
+    obs = await m.nc.jetstream().object_store("mesh-seat-data")
+    assert not await _has_objects(obs)
+    moved = json.loads((data_b / "store" / ".mesh-store-memory.json").read_text())["store"]
+    home = await (await SeatLeases.open(m.nc, 1.5)).home("memory")
+    assert home is not None and home.record.store == moved and home.record.store_node == "a"  # type: ignore[union-attr]
+
+
+async def _has_objects(obs: Any) -> bool:
+    try:
+        return bool(await obs.list(ignore_deletes=True))
+    except Exception:  # nats-py says "no objects" with an exception
+        return False
 
 
 async def test_a_removed_modules_refused_claim_is_gone_from_status(tmp_path: Path, m: Mesh, script: Script) -> None:
