@@ -161,7 +161,16 @@ def config_text(
             replica["root-cas"] = [bus.tls_ca]
         if bus.tls_cert and bus.tls_key:
             replica["client-cert"], replica["client-key"] = bus.tls_cert, bus.tls_key
-        dbs.append({"path": str(data_dir / database), "meta-path": str(meta_dir / str(i)), "replica": replica})
+        # monitor-interval: how often it looks at the WAL (default 1 s), which adds to the sync
+        # interval in the RPO; 100 ms keeps the RPO near sync_interval_ms for a look costing little.
+        dbs.append(
+            {
+                "path": str(data_dir / database),
+                "meta-path": str(meta_dir / str(i)),
+                "monitor-interval": "100ms",
+                "replica": replica,
+            }
+        )
     # Logs at WARN: its INFO lines are one a sync.
     return json.dumps({"dbs": dbs, "logging": {"level": "warn"}}, indent=1)
 
