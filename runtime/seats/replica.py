@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import sqlite3
@@ -99,7 +100,9 @@ async def generations(nc: Client, seat: str) -> list[str]:
         resp = await nc.request("$JS.API.STREAM.NAMES", json.dumps({"offset": offset}).encode(), timeout=5)
         body = json.loads(resp.data)
         names = body.get("streams") or []
-        found += [n[len("OBJ_") :] for n in names if n.startswith(f"OBJ_mesh-seat-{seat}-")]
+        # Exactly this seat's: seat "memory" must not take seat "memory-x"'s buckets for its own.
+        mine = re.compile(rf"^OBJ_mesh-seat-{re.escape(seat)}-[0-9a-f]{{8}}-[0-9]+\Z")
+        found += [n[len("OBJ_") :] for n in names if mine.match(n)]
         offset += len(names)
         if not names or offset >= int(body.get("total", 0)):
             break
