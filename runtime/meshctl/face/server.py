@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import anyio
 import anyio.abc
@@ -257,7 +257,7 @@ class Face:
         tool: FaceTool,
         arguments: dict[str, Any] | None,
         person: Person | None,
-        trace: dict[str, str | None] | None = None,
+        trace: Trace | None = None,
     ) -> dict[str, Any] | types.CallToolResult:
         try:
             data = await self.client.call(
@@ -267,7 +267,7 @@ class Face:
                 on_progress=_no_progress,
                 cancel_reason=CANCEL_REASON,
                 person=person,
-                **(trace or {}),
+                **(trace or Trace()),
             )
         except CallError as e:
             return error_result(e)
@@ -356,12 +356,21 @@ def _shape_checked(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallTo
     return result
 
 
-def _trace_of(params: types.CallToolRequestParams) -> dict[str, str | None]:
+class Trace(TypedDict, total=False):
+    traceparent: str
+    tracestate: str
+
+
+def _trace_of(params: types.CallToolRequestParams) -> Trace:
     """The MCP client's W3C trace context in the request's `_meta` (MCP 2026-07-28 carries it there),
     sent on as the call's NATS headers: the node's span continues the client's trace."""
     meta = params.meta
     if meta is None:
         return {}
     get = meta.get if isinstance(meta, dict) else (lambda key: getattr(meta, key, None))
-    found = {key: get(key) for key in ("traceparent", "tracestate")}
-    return {key: value for key, value in found.items() if isinstance(value, str)}
+    trace = Trace()
+    if isinstance(parent := get("traceparent"), str):
+        trace["traceparent"] = parent
+    if isinstance(state := get("tracestate"), str):
+        trace["tracestate"] = state
+    return trace
