@@ -39,7 +39,7 @@ STATELESS = os.environ.get("RAW_ERA") == "stateless"
 MODERN = "2026-07-28"
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _out_lock = threading.Lock()
-_asks: dict[str, "queue.Queue[dict]"] = {}  # the child's own requests waiting for their responses
+_asks: dict[str, queue.Queue[dict]] = {}  # the child's own requests waiting for their responses
 _cancelled: set[object] = set()
 _extra_tools: list[dict] = []
 
