@@ -23,12 +23,14 @@ import msgspec
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from nats.aio.client import Client
 
 from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.client import CallError, MeshClient
+from runtime.meshctl.face.asking import Asking
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
 from runtime.wire.callproto import ProgressFrame
@@ -129,6 +131,11 @@ class Face:
         # is a hop on a hot path, and the node's own stats say what each call cost.
         self.server.middleware = [m for m in self.server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
         self.server.middleware.append(self._remember_session)
+        # A tool's asks as the client's (face/asking.py); 2026-07-28's requestState sealed by the package.
+        self.asking = Asking(self)
+        self.server.middleware.append(
+            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience=SERVER_NAME)
+        )
         self.hot = HotPath(self)
 
     # --- the list -------------------------------------------------------------------------
@@ -213,6 +220,9 @@ class Face:
                 "or check the NATS server and `meshctl mcp --nats`"
             )
         person = self.person_of(ctx)
+        asked = await self.asking.call(ctx, tool, params, person)  # a client that answers a tool's asks
+        if asked is not None:
+            return cast(dict[str, Any], asked)
         if not (params.meta or {}).get("progress_token"):
             # The client asked for no progress: no forwarding task, no stream, no task group. The node is
             # still asked for progress, so its keepalives tell the face when it died mid-call.
