@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import tomllib
@@ -136,7 +137,7 @@ def load_http_settings(
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("https", "http") or not parts.netloc or parts.query or parts.fragment:
                 raise FaceError(f"--auth-{what} {url!r}: give an http(s) URL with no query, e.g. https://id.example")
-            if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+            if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
                 raise FaceError(
                     f"{what} {url}: plain http is only for loopback (bearer tokens would cross the network readable); "
                     + (
@@ -152,7 +153,7 @@ def load_http_settings(
                 raise FaceError(
                     f"[auth] introspection_secret_file {a.introspection_secret_file}: {e.strerror}"
                 ) from None
-    elif not _loopback(host):
+    elif not is_loopback(host):
         if not h.allow_unauthenticated:
             raise FaceError(
                 f"--http on {host} (not loopback) without authorization serves the mesh's tools to anyone on the "
@@ -170,9 +171,8 @@ def load_http_settings(
     return settings
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback address (brackets of an IPv6 literal allowed)."""
     if host == "localhost":
         return True
     try:
@@ -185,7 +185,7 @@ def _hosts(host: str, port: int, resource: str, more: list[str]) -> set[bytes]:
     """Every `Host` value the face answers for: its address with its port, the loopback names when it
     is on loopback or every address, the resource URL's host (its port as given and as the default)."""
     names = {host.strip("[]")}
-    if _loopback(host) or host in ("0.0.0.0", "::", ""):
+    if is_loopback(host) or host in ("0.0.0.0", "::", ""):
         names |= {"127.0.0.1", "localhost", "::1"}
     found = {(f"[{n}]" if ":" in n else n) + f":{port}" for n in names}
     parts = urllib.parse.urlsplit(resource)
@@ -289,7 +289,7 @@ class Gate:
         if owner is not None:
             return _owner_key(owner)
         address = str((scope.get("client") or ("?", 0))[0])
-        return None if _loopback(address) else ("address", address)
+        return None if is_loopback(address) else ("address", address)
 
     async def _authorized(self, scope: Scope, send: Send) -> bool:
         assert self.verifier is not None

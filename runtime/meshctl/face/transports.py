@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import ipaddress
 import logging
 import os
 import shutil
@@ -25,7 +24,7 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
-from runtime.meshctl.face.auth import Gate, HttpSettings
+from runtime.meshctl.face.auth import Gate, HttpSettings, is_loopback
 from runtime.meshctl.face.http_front import FaceFront
 from runtime.meshctl.face.json_replies import PerRequest
 from runtime.meshctl.face.limits import guarded_protocol
@@ -36,15 +35,6 @@ from runtime.meshctl.face.workers import ToSessions, reuseport_socket, run_worke
 log = logging.getLogger("mesh.face")
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def http_security(host: str, allow_origins: list[str], hosts: set[bytes] | None = None) -> TransportSecuritySettings:
     """Who may talk to the endpoint: the Host values the face answers for (`hosts`, exact: auth.py's
     Gate checks them first), loopback origins and those allowed by name. Whether a non-loopback
@@ -52,7 +42,7 @@ def http_security(host: str, allow_origins: list[str], hosts: set[bytes] | None 
     if hosts is not None:
         allowed = sorted(h.decode("latin-1") for h in hosts)
     else:
-        allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + ([] if _loopback(host) else [f"{host}:*"])
+        allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + ([] if is_loopback(host) else [f"{host}:*"])
     origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"] + allow_origins
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=allowed, allowed_origins=origins
