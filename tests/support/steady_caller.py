@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -29,7 +30,7 @@ async def main() -> None:
     nc = await nats.connect(args.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not sys.stdin.buffer.read1(4096) else None)
+    loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
     print(json.dumps({"ready": True}), flush=True)
     i = 0
     while not stop.is_set():
