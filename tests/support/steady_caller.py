@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-import nats
+from tests.support.mesh import call, client
 
 
 async def main() -> None:
@@ -27,7 +27,7 @@ async def main() -> None:
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=15)
     args = parser.parse_args()
-    nc = await nats.connect(args.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    nc = await client(args.url)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_reader(sys.stdin.fileno(), lambda: stop.set() if not os.read(sys.stdin.fileno(), 4096) else None)
@@ -38,13 +38,7 @@ async def main() -> None:
         began = time.monotonic()
         line: dict[str, object] = {"i": i}
         try:
-            msg = await nc.request(args.subject, json.dumps({"i": i}).encode(), timeout=args.timeout)
-            code = (
-                int(msg.headers["Nats-Service-Error-Code"])
-                if msg.headers and "Nats-Service-Error-Code" in msg.headers
-                else 200
-            )
-            body = json.loads(msg.data)
+            code, body = await call(nc, args.subject, {"i": i}, timeout=args.timeout)
             line |= {"code": code, "ok": code == 200 and body.get("structuredContent") == {"i": i}}
             if not line["ok"]:
                 line["body"] = body
