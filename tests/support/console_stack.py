@@ -55,13 +55,14 @@ async def chromium() -> AsyncIterator[Any]:
 class Stack:
     """A node on its embedded bus with memory, handoff and two small Python bundles."""
 
-    def __init__(self, base: Path, humans: str | None = None) -> None:
+    def __init__(self, base: Path, humans: str | None = None, operators: list[str] | None = None) -> None:
         mods = base / "mods"
         for module in ("memory", "handoff", "hello-python"):
             shutil.copytree(ROOT / "bundles" / module, mods / module, ignore=shutil.ignore_patterns("__pycache__"))
         make_module(mods, "frail")  # a bundle the tests kill
         env = {"HANDOFF_HUMANS": humans} if humans else None
-        self.node = NodeProcess(base, mods, None, "console-node", config=CONFIG, env=env)
+        config = CONFIG + (f"[console]\noperators = {json.dumps(operators)}\n" if operators else "")
+        self.node = NodeProcess(base, mods, None, "console-node", config=config, env=env)
         self.base = base
         DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
         self.node.wait_log("serving on", timeout=600)  # handoff is built first (Go, SQLite: a minute cold)
@@ -91,8 +92,8 @@ class Stack:
 class ConsoleProcess:
     """`meshctl console` as a real process; `login` is the link it printed (local login)."""
 
-    def __init__(self, stack: Stack, *extra: str, name: str = "console") -> None:
-        self.port = free_port()
+    def __init__(self, stack: Stack, *extra: str, name: str = "console", port: int | None = None) -> None:
+        self.port = port or free_port()
         self.log_path = stack.base / f"{name}-{self.port}.log"
         env = dict(os.environ, MESH_STATE_DIR=str(stack.node.state_dir))
         argv = [*MESHCTL, "console", "--http", f"127.0.0.1:{self.port}", *extra]
@@ -100,13 +101,16 @@ class ConsoleProcess:
             argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(self.log_path, "wb")
         )
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.login = ""
+        self.login = ""  # the local login's link
+        self.login_issuer = ""  # or the issuer it sends people to
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             text = self.log()
             if m := re.search(r"^console: (\S+)/ \((.*)\)$", text, re.M):
                 found = re.search(r"log in: (\S+)", m.group(2))
                 self.login = found.group(1) if found else ""
+                through = re.search(r"log in through (\S+)", m.group(2))
+                self.login_issuer = through.group(1) if through else ""
                 return
             if self.proc.poll() is not None:
                 raise AssertionError(f"meshctl console exited ({self.proc.returncode}):\n{text}")
