@@ -38,6 +38,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(tmp_path_factory.mktemp("console"), humans=f"@local,{person_id()}")
     try:
         asyncio.run(stack.ready())
+        # A project scope beside global (the memory's scope admins are @local: the operator's caller).
+        asyncio.run(seat(stack, "mesh-local", "memory.create_scope", {"slug": "billing", "name": "Billing platform"}))
         yield stack
     finally:
         stack.stop()
@@ -118,7 +120,7 @@ async def test_a_memory_entry_written_through_the_form_is_the_persons_via_consol
         await page.click("text=Memory")
         await page.fill('textarea[name="content"]', "Invoices are kept for ten years.")
         await page.select_option('select[name="type"]', "constraint")
-        await page.select_option('select[name="scope"]', "global")
+        await page.select_option('select[name="scope"]', "billing")
         await page.fill('input[name="key"]', "invoices.retention")
         await page.click("form.remember button")
         flash = await page.locator("#flash").inner_text()
@@ -132,7 +134,7 @@ async def test_a_memory_entry_written_through_the_form_is_the_persons_via_consol
         assert await page.locator("table.entries tr", has_text="ten years").count() == 1  # the seat's recall, stemmed
         await page.screenshot(path=str(DOCS_SHOTS / "memory.png"), full_page=True)
     # The memory's own record agrees: the person is the author, the console the source.
-    found = await seat(stack, "mesh-local", "memory.recall", {"key": "invoices.retention", "scope": "global"})
+    found = await seat(stack, "mesh-local", "memory.recall", {"key": "invoices.retention", "scope": "billing"})
     assert [(e["author"], e["source"]) for e in found["entries"]] == [(person_id(), "console")]
 
 
@@ -279,6 +281,22 @@ async def test_csrf_headers_hosts_and_the_restart_right(stack: Stack, console: C
     async with httpx2.AsyncClient() as http:
         r = await http.get(console.base_url + "/login", headers={"host": "evil.example:80"})
         assert r.status_code == 421
+
+
+async def test_every_page_reads_without_javascript(stack: Stack, console: ConsoleProcess) -> None:
+    async with chromium() as browser:
+        context = await browser.new_context(java_script_enabled=False)
+        page = await context.new_page()
+        await page.goto(console.login)
+        assert await page.locator('tr[data-bundle="memory/tools"] td.state').inner_text() == "ready"
+        for path, what in (
+            ("/memory?scope=billing", "table.entries"),
+            ("/handoff", "#holders"),
+            ("/attention", "main h1"),
+        ):
+            await page.goto(console.base_url + path)
+            assert await page.locator(what).count() == 1, path
+        await context.close()
 
 
 def test_a_console_without_an_issuer_listens_on_loopback_only(stack: Stack, tmp_path: Path) -> None:
