@@ -83,6 +83,9 @@ async def test_the_mesh_page_shows_every_bundle_and_a_killed_one_within_2_s(
             for key in ("memory/tools", "handoff/tools", "hello-python/tools", "frail/tools"):
                 row = page.locator(f'tr[data-bundle="{key}"]')
                 assert await row.locator("td.state").inner_text() == "ready", key
+            service = page.locator('tr[data-bundle="hello-service/daemon"]')
+            assert await service.locator("td.state").inner_text() == "running"
+            assert (await service.locator("td").nth(1).inner_text()).startswith("service")
             seats = await page.locator("table.seats").inner_text()
             assert "memory" in seats and "handoff" in seats and "held" in seats
             await page.screenshot(path=str(DOCS_SHOTS / "mesh.png"), full_page=True)
@@ -252,6 +255,7 @@ async def test_csrf_headers_hosts_and_the_restart_right(stack: Stack, console: C
         assert "script-src 'self'" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
         cookie = next(c for c in await page.context.cookies() if c["name"] == "mesh_console")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Lax" and not cookie["secure"]
+        sid = cookie["value"]
         # The restart button: the local person is an operator of the node (the node checks it).
         await page.goto(console.base_url + "/")
         await page.locator('tr[data-bundle="hello-python/tools"] button.restart').click()
@@ -277,10 +281,19 @@ async def test_csrf_headers_hosts_and_the_restart_right(stack: Stack, console: C
             await nc.request(f"mesh.node.{stack.node.name}.callers", b"{}", timeout=2)
     finally:
         await nc.close()
-    # A Host this console is not (a name rebound to 127.0.0.1) reads nothing.
     async with httpx2.AsyncClient() as http:
+        # A Host this console is not (a name rebound to 127.0.0.1) reads nothing.
         r = await http.get(console.base_url + "/login", headers={"host": "evil.example:80"})
         assert r.status_code == 421
+        # Without the printed link's token nobody is logged in; a wrong one is refused.
+        r = await http.get(console.base_url + "/", follow_redirects=True)
+        assert r.url.path == "/login" and "Open the login link" in r.text and "mesh_console" not in r.cookies
+        r = await http.get(console.base_url + "/login?token=guessed")
+        assert r.status_code == 401 and "mesh_console" not in r.cookies
+    async with httpx2.AsyncClient(cookies={"mesh_console": sid}) as http:
+        # A form larger than 64 KiB is refused before it is read whole.
+        r = await http.post(console.base_url + "/memory", content=b"a" * (65 * 1024))
+        assert r.status_code == 413
 
 
 async def test_every_page_reads_without_javascript(stack: Stack, console: ConsoleProcess) -> None:

@@ -26,6 +26,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SHOTS = ROOT / "docs" / "console"
 CONFIG = FAST_CONFIG.replace("init_timeout_s = 2", "init_timeout_s = 30")
 BUNDLES = ("memory/tools", "handoff/tools", "hello-python/tools", "frail/tools")
+SERVICE = "hello-service/daemon"  # a service bundle the node runs
 
 
 def browser_or_fail() -> Path:
@@ -53,11 +54,11 @@ async def chromium() -> AsyncIterator[Any]:
 
 
 class Stack:
-    """A node on its embedded bus with memory, handoff and two small Python bundles."""
+    """A node on its embedded bus with memory, handoff, two small Python bundles and a Go service."""
 
     def __init__(self, base: Path, humans: str | None = None, operators: list[str] | None = None) -> None:
         mods = base / "mods"
-        for module in ("memory", "handoff", "hello-python"):
+        for module in ("memory", "handoff", "hello-python", "hello-service"):
             shutil.copytree(ROOT / "bundles" / module, mods / module, ignore=shutil.ignore_patterns("__pycache__"))
         make_module(mods, "frail")  # a bundle the tests kill
         env = {"HANDOFF_HUMANS": humans} if humans else None
@@ -82,6 +83,7 @@ class Stack:
         try:
             for bundle in BUNDLES:
                 await wait_state(ops, self.node.name, bundle, "ready", timeout=600)
+            await wait_state(ops, self.node.name, SERVICE, "running", timeout=600)
         finally:
             await ops.close()
 
