@@ -112,7 +112,7 @@ async def direct_calls(url: str, console_pw: str, person: str, rounds: int) -> d
         "/memory": [("memory.scopes", {"include_private": False, "limit": 200}), ("memory.recall", {"scope": "global", "limit": 50})],
         "/handoff": [("handoff.list", {"state": s, "limit": 50}) for s in ("open", "claimed", "escalated", "resolved", "blocked")]
         + [("handoff.holders", {"limit": 100})],
-        "/attention": [("handoff.attention", {"limit": 100})],
+        "/attention": [("handoff.attention", {"limit": 50})],
     }
     times: dict[str, list[float]] = {k: [] for k in calls}
     try:

@@ -319,3 +319,21 @@ def test_a_console_without_an_issuer_listens_on_loopback_only(stack: Stack, tmp_
     )
     assert r.returncode == 2, r
     assert "listens on loopback only" in r.stderr and "--auth-issuer" in r.stderr, r.stderr
+
+
+async def test_a_state_with_more_entries_than_a_page_pages_on(stack: Stack, console: ConsoleProcess) -> None:
+    opened = [
+        await seat(stack, "mesh-local", "handoff.open", {**QUESTION, "frage": f"Paged question {i}?"})
+        for i in range(55)
+    ]
+    async with chromium() as browser:
+        page = await logged_in(browser, console)
+        await page.goto(console.base_url + "/handoff")
+        first = await page.locator("#state-open tr[data-entry]").all_inner_texts()
+        assert len(first) == 50
+        await page.click("#state-open .more a")
+        assert page.url.startswith(console.base_url + "/handoff?state=open&cursor=")
+        rest = await page.locator("#state-open tr[data-entry]").all_inner_texts()
+        shown = {line.split("\t")[0] for line in first + rest}
+        assert {e["id"] for e in opened} <= shown and not set(first) & set(rest)
+        assert await page.locator("#state-claimed").count() == 0  # one state's pages only

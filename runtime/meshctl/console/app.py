@@ -194,27 +194,34 @@ class Console:
 
     # --- the handoff desk ------------------------------------------------------------------
     async def handoff_page(self, request: Request, session: Session) -> Response:
+        """Every state's oldest entries and who holds what; `?state=S&cursor=C` pages through one state."""
+        only = request.query_params.get("state")
+        states = (only,) if only in HANDOFF_STATES else HANDOFF_STATES
+        cursor = (request.query_params.get("cursor") or "")[:128] if only in HANDOFF_STATES else ""
         lists: dict[str, Answer] = {}
+        holders = Answer({})
 
         async def one(state: str) -> None:
-            lists[state] = await self.reads.seat("handoff.list", {"state": state, "limit": PAGE_SIZE}, session.person)
-
-        holders = Answer({})
+            args: dict[str, Any] = {"state": state, "limit": PAGE_SIZE}
+            if cursor:
+                args["cursor"] = cursor
+            lists[state] = await self.reads.seat("handoff.list", args, session.person)
 
         async def who_holds() -> None:
             nonlocal holders
             holders = await self.reads.seat("handoff.holders", {"limit": 100}, session.person)
 
         async with anyio.create_task_group() as tg:
-            for state in HANDOFF_STATES:
+            for state in states:
                 tg.start_soon(one, state)
             tg.start_soon(who_holds)
         return render(
             "handoff.html",
             **self._common(session, "handoff"),
-            states=HANDOFF_STATES,
+            states=states,
             lists=lists,
             holders=holders,
+            paged=only in HANDOFF_STATES,
         )
 
     async def handoff_entry(self, request: Request, session: Session) -> Response:
@@ -223,7 +230,10 @@ class Console:
         return render("handoff_entry.html", **self._common(session, "handoff"), entry_id=entry_id, answer=answer)
 
     async def attention_page(self, request: Request, session: Session) -> Response:
-        answer = await self.reads.seat("handoff.attention", {"limit": 100}, session.person)
+        args: dict[str, Any] = {"limit": PAGE_SIZE}
+        if cursor := (request.query_params.get("cursor") or "")[:128]:
+            args["cursor"] = cursor
+        answer = await self.reads.seat("handoff.attention", args, session.person)
         # Escalated entries only, whatever the seat sent: a blocked one never reaches the human here.
         entries = [e for e in answer.data.get("entries") or [] if isinstance(e, dict) and e.get("state") == "escalated"]
         return render("attention.html", **self._common(session, "attention"), answer=answer, entries=entries)
