@@ -73,6 +73,8 @@ class _Profile(msgspec.Struct, forbid_unknown_fields=True, rename={"exclude": "e
 
 class _FaceFile(msgspec.Struct, forbid_unknown_fields=True):
     profiles: dict[str, _Profile] = {}
+    auth: dict[str, Any] = {}  # read by auth.py (load_http_settings)
+    http: dict[str, Any] = {}
 
 
 def load_selection(

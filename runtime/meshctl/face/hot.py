@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from runtime.client import CallError
 from runtime.meshctl.face.catalog import FaceTool
+from runtime.wire.identity import Person
 
 if TYPE_CHECKING:
     from runtime.meshctl.face.server import Face
@@ -266,8 +267,9 @@ class HotPath:
         return found
 
     # --- answering ------------------------------------------------------------------------
-    async def call(self, hot: HotCall) -> bytes:
-        """The JSON-RPC response to a hot `tools/call`, as bytes (the one place it meets the bus)."""
+    async def call(self, hot: HotCall, person: Person | None = None) -> bytes:
+        """The JSON-RPC response to a hot `tools/call`, as bytes (the one place it meets the bus);
+        `person`: the request's (an HTTP token's), else the face's own."""
         face = self.face
         try:
             data = await face.client.call(
@@ -276,7 +278,7 @@ class HotPath:
                 timeout_s=face.call_timeout_s,
                 on_progress=_no_progress,
                 cancel_reason=face.cancel_reason,
-                person=face.person,  # the face's person (stdio: its OS user); per request once HTTP has auth
+                person=person if person is not None else face.person,
                 traceparent=hot.traceparent,
                 tracestate=hot.tracestate,
             )

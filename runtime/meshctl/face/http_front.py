@@ -15,8 +15,9 @@ What a hot request must show first, else it is the package's (which answers it a
 A 2025-11-25 client cancels a call with a `notifications/cancelled` POST on its session: one for a
 hot call is taken here (202) and the call's bus call is cancelled (the node tells the tool); the
 cancelled request's POST is answered REQUEST_CANCELLED, as the package's transport answers it.
-Auth (issue 23) goes at the top of `FaceFront.__call__`: a bearer token verified (and cached) once
-per request, and the session owner compared in `_legacy_era`.
+Auth is auth.py's `Gate`, in front of this: a request reaches the front with its token verified,
+its person in the scope (passed with a hot call) and its owner, which `_legacy_era` compares with
+the session's (another person's session goes the package's way, which answers 404).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, Transpo
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runtime.meshctl.face.auth import OWNER_KEY, PERSON_KEY
 from runtime.meshctl.face.hot import Era, HotCall, HotCancel, HotList, cancelled_response
 from runtime.meshctl.face.json_replies import replying_as_json, wants_json
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.workers import ToSessions, is_session_era
+from runtime.wire.identity import Person
 
 log = logging.getLogger("mesh.face")
 
@@ -86,12 +89,12 @@ class FaceFront:
         body, complete, trailing = await _read_body(receive, self.max_body)
         if complete:
             headers = _Headers(scope["headers"])
-            era, session = self._era(headers)
+            era, session = self._era(headers, scope.get(OWNER_KEY))
             decision = self.face.hot.decide(body, era) if era is not None else None
             if decision is not None:
                 self.served += 1
                 if isinstance(decision, HotCall):
-                    await self._call(decision, session, send)
+                    await self._call(decision, session, send, scope.get(PERSON_KEY))
                 elif isinstance(decision, HotList):
                     await _answer(send, self.face.hot.list_page(decision), session)
                 else:
@@ -107,7 +110,7 @@ class FaceFront:
             await self.app(scope, _replay(replayed, receive), send)
 
     # --- which era, and is it one the hot path may serve --------------------------------------
-    def _era(self, headers: _Headers) -> tuple[Era | None, _Session | None]:
+    def _era(self, headers: _Headers, owner: object = None) -> tuple[Era | None, _Session | None]:
         if headers.duplicated or headers.params or not headers.content_json:
             return None, None
         if not (
@@ -119,9 +122,9 @@ class FaceFront:
             if version not in MODERN_PROTOCOL_VERSIONS:
                 return None, None
             return Era(version, headers=headers.routing), None
-        return self._legacy_era(headers.session_id)
+        return self._legacy_era(headers.session_id, owner)
 
-    def _legacy_era(self, session_id: str | None) -> tuple[Era | None, _Session | None]:
+    def _legacy_era(self, session_id: str | None, owner: object = None) -> tuple[Era | None, _Session | None]:
         manager = self.manager
         if session_id is None or manager is None:
             return None, None
@@ -130,8 +133,8 @@ class FaceFront:
         if not isinstance(instances, dict) or not isinstance(owners, dict):
             return None, None  # a release of mcp that keeps its sessions otherwise: the package's way
         transport = instances.get(session_id)
-        if transport is None or getattr(transport, "is_terminated", True) or session_id in owners:
-            return None, None  # unknown, ended, or opened with a credential (the package compares it)
+        if transport is None or getattr(transport, "is_terminated", True) or owners.get(session_id) != owner:
+            return None, None  # unknown, ended, or another's (auth.py's token owner): the package answers 404
         idle = getattr(transport, "idle_scope", None)
         if idle is not None and (idle.cancel_called or not hasattr(transport, "_requests_in_flight")):
             return None, None
@@ -159,14 +162,14 @@ class FaceFront:
         return verdict
 
     # --- answering ----------------------------------------------------------------------------
-    async def _call(self, hot: HotCall, session: _Session | None, send: Send) -> None:
+    async def _call(self, hot: HotCall, session: _Session | None, send: Send, person: Person | None = None) -> None:
         if session is None:
-            await _answer(send, await self.face.hot.call(hot), None)
+            await _answer(send, await self.face.hot.call(hot, person), None)
             return
         running = self._running.setdefault(session.id, {})
         if hot.id in running or len(running) >= RUNNING_PER_SESSION:
             # The same id twice at once (a client bug) or a flood: the package's way judges it.
-            await _answer(send, await self.face.hot.call(hot), session)
+            await _answer(send, await self.face.hot.call(hot, person), session)
             return
         with _holding(session.transport):
             handle = asyncio.timeout(None)  # the client's notifications/cancelled ends it (`_cancel`)
@@ -174,7 +177,7 @@ class FaceFront:
                 async with handle:
                     running[hot.id] = handle
                     try:
-                        answer = await self.face.hot.call(hot)
+                        answer = await self.face.hot.call(hot, person)
                     finally:
                         running.pop(hot.id, None)
                         if not running:

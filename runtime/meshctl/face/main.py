@@ -21,6 +21,7 @@ import anyio
 
 from runtime.bus.connect import BusError, connect
 from runtime.meshctl.errors import MeshError
+from runtime.meshctl.face.auth import HttpSettings, load_http_settings
 from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
@@ -37,6 +38,20 @@ def _address(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise MeshError(f"--http {text!r}: give HOST:PORT, e.g. 127.0.0.1:8765")
     return host or "127.0.0.1", int(port)
+
+
+def http_settings(args: argparse.Namespace, address: tuple[str, int]) -> HttpSettings:
+    """The HTTP face's auth and bounds: the face's config file's [auth] and [http], the flags over them."""
+    return load_http_settings(
+        address[0],
+        address[1],
+        Path(args.config) if args.config else None,
+        issuer=args.auth_issuer,
+        audience=args.auth_audience,
+        scopes=args.auth_scope,
+        allow_unauthenticated=args.allow_unauthenticated,
+        resource=args.auth_resource,
+    )
 
 
 def os_person() -> Person:
@@ -79,12 +94,19 @@ def run_mcp(args: argparse.Namespace) -> int:
         selection = load_selection(
             Path(args.config) if args.config else None, args.profile, args.only, args.exclude, args.max_tools
         )
-        security = http_security(address[0], args.allow_origin) if address is not None else None
+        settings = http_settings(args, address) if address is not None else None
+        security = http_security(settings.host, args.allow_origin, settings.hosts) if settings is not None else None
     except FaceError as e:
         raise MeshError(str(e)) from None
     # Never the mesh account: the node's OS user gets the embedded bus's face user (a delegate).
     found = login(args, "face")
     cfg = found.cfg
+    if settings is not None and settings.on and not (found.delegate or args.delegate):
+        raise MeshError(
+            "--auth-issuer: the face passes each token's person to the nodes, which believe it only from a "
+            "delegate ([identity] mcp_faces); this login is not one: run as the node's OS user (the bus's face "
+            "user), or give a delegate's credentials with --delegate"
+        )
     # Over stdio the person behind every call is the OS user who started the face; only a
     # delegate may pass one (the node refuses it from anyone else).
     person = os_person() if address is None and (found.delegate or args.delegate) else None
@@ -101,13 +123,14 @@ def run_mcp(args: argparse.Namespace) -> int:
                 await face.refresh()
                 _print_list(face.catalog, args.json)
                 return 0
-            if address is not None and security is not None:
+            if address is not None and security is not None and settings is not None:
                 # Stops on SIGINT/SIGTERM itself.
                 await serve_http(
                     face,
                     address[0],
                     address[1],
                     security,
+                    settings,
                     workers=args.workers,
                     worker=args.worker,
                     sessions_socket=args.sessions_socket,

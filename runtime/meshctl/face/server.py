@@ -29,6 +29,7 @@ from nats.aio.client import Client
 
 from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.client import CallError, MeshClient
+from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
 from runtime.wire.callproto import ProgressFrame
@@ -249,8 +250,11 @@ class Face:
 
     def person_of(self, ctx: ServerRequestContext[Any, Any]) -> Person | None:
         """The person behind this request, passed to the node with its call (the node believes it only
-        from a delegate): the face's own person for now; an authenticated HTTP request's person later."""
-        return self.person
+        from a delegate): an HTTP request's token's (auth.py puts it in the request's scope), else the
+        face's own (stdio: the OS user who started it)."""
+        scope = getattr(ctx.request, "scope", None)
+        person = scope.get(PERSON_KEY) if isinstance(scope, dict) else None
+        return person if isinstance(person, Person) else self.person
 
     async def _call_plain(
         self,

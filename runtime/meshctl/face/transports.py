@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import ipaddress
 import logging
 import os
 import shutil
@@ -25,40 +24,29 @@ import uvicorn
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 
-from runtime.meshctl.face.catalog import FaceError
+from runtime.meshctl.face.auth import Gate, HttpSettings, is_loopback
 from runtime.meshctl.face.http_front import FaceFront
 from runtime.meshctl.face.json_replies import PerRequest
+from runtime.meshctl.face.limits import guarded_protocol
 from runtime.meshctl.face.server import Face
 from runtime.meshctl.face.stdio_front import pipes_on_stdio, serve_stdio_front
 from runtime.meshctl.face.workers import ToSessions, reuseport_socket, run_workers, unix_socket
 
 log = logging.getLogger("mesh.face")
 
-MAX_HTTP_SESSIONS = 256  # 2025-11-25 sessions at once; the SDK refuses more with an error
 
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def http_security(host: str, allow_origins: list[str]) -> TransportSecuritySettings:
-    """Who may talk to the endpoint: loopback names and origins, and those allowed by name."""
-    if not _loopback(host) and not allow_origins:
-        raise FaceError(
-            f"--http on {host} (not loopback) serves the mesh's tools to the network: name the web origins "
-            "that may call it with --allow-origin URL (e.g. --allow-origin https://agent.example:443), "
-            "or bind 127.0.0.1"
-        )
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
-    if not _loopback(host):
-        hosts.append(f"{host}:*")
+def http_security(host: str, allow_origins: list[str], hosts: set[bytes] | None = None) -> TransportSecuritySettings:
+    """Who may talk to the endpoint: the Host values the face answers for (`hosts`, exact: auth.py's
+    Gate checks them first), loopback origins and those allowed by name. Whether a non-loopback
+    address may be bound at all is auth.py's `load_http_settings`."""
+    if hosts is not None:
+        allowed = sorted(h.decode("latin-1") for h in hosts)
+    else:
+        allowed = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + ([] if is_loopback(host) else [f"{host}:*"])
     origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"] + allow_origins
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=allowed, allowed_origins=origins
+    )
 
 
 async def serve_stdio(face: Face) -> None:
@@ -79,6 +67,7 @@ async def serve_http(
     host: str,
     port: int,
     security: TransportSecuritySettings,
+    settings: HttpSettings,
     *,
     workers: int = 1,
     worker: int = 0,
@@ -89,20 +78,27 @@ async def serve_http(
     `workers` > 1: this process is worker `worker` of that many on the port (workers.py): worker 0
     starts the others and holds every 2025-11-25 session, the others pass that era on to it."""
     # json_response is read with `if` per request: PerRequest is true for a tools/call with no progress token.
+    bounds = settings.http
     app = face.server.streamable_http_app(
-        host=host, transport_security=security, max_sessions=MAX_HTTP_SESSIONS, json_response=cast(bool, PerRequest())
+        host=host,
+        transport_security=security,
+        max_sessions=bounds.max_sessions,
+        session_idle_timeout=bounds.session_idle_s,
+        json_response=cast(bool, PerRequest()),
     )
     to_sessions = ToSessions(sessions_socket) if worker > 0 and sessions_socket else None
     front = FaceFront(app, face, security, to_sessions=to_sessions)
+    gate = Gate(front, settings)  # Host, tokens, session caps (auth.py): every request meets it first
+    gate.manager = front.manager
     config = uvicorn.Config(
-        front,
+        gate,
         host=host.strip("[]"),
         port=port,
         log_level="warning",
         lifespan="on",
         access_log=False,
         proxy_headers=False,  # the face is the endpoint, not behind a proxy it should trust: one layer less a request
-        http=http_protocol(),
+        http=guarded_protocol(bounds.header_timeout_s, bounds.body_timeout_s) or http_protocol(),
     )
     server = _Uvicorn(config)
     with contextlib.ExitStack() as sockets_stack:
@@ -128,12 +124,16 @@ async def serve_http(
 
                 tg.start_soon(stop_on_signal)
                 which = f" (worker {worker} of {workers})" if workers > 1 else ""
-                log.info("MCP face on http://%s:%d/mcp%s (%d tools)", host, port, which, len(face.catalog.tools))
+                auth = f"; bearer tokens of {settings.auth.issuer}" if settings.on else ""
+                log.info(
+                    "MCP face on http://%s:%d/mcp%s (%d tools)%s", host, port, which, len(face.catalog.tools), auth
+                )
                 await server.serve(sockets=sockets)
                 tg.cancel_scope.cancel()
         finally:
-            if to_sessions is not None:
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                await gate.aclose()
+                if to_sessions is not None:
                     await to_sessions.aclose()
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)

@@ -14,10 +14,33 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     mcp.add_argument(
         "--allow-origin", action="append", default=[], metavar="URL", help="a web origin allowed besides loopback"
     )
+    mcp.add_argument(
+        "--auth-issuer",
+        metavar="URL",
+        help="with --http: take only bearer tokens this OAuth issuer vouches for; the person in each goes with its calls",
+    )
+    mcp.add_argument("--auth-audience", metavar="URL", help="the audience tokens must name (default: the face's URL)")
+    mcp.add_argument(
+        "--auth-resource",
+        metavar="URL",
+        help="the face's URL as clients reach it (behind a TLS proxy); default http://HOST:PORT/mcp",
+    )
+    mcp.add_argument(
+        "--auth-scope", action="append", default=[], metavar="SCOPE", help="a scope every token must carry"
+    )
+    mcp.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="with --http on a non-loopback address and no --auth-issuer: serve anyway (said as a WARNING)",
+    )
     mcp.add_argument("--only", action="append", default=[], metavar="PATTERN", help="show only matching tools")
     mcp.add_argument("--except", dest="exclude", action="append", default=[], metavar="PATTERN", help="hide these")
     mcp.add_argument("--max-tools", type=int, help="show at most this many tools (by name)")
-    mcp.add_argument("--config", metavar="FILE", help="a TOML file of [profiles.<name>] (only, except, max_tools)")
+    mcp.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file of [profiles.<name>] (only, except, max_tools), [auth] and [http] (docs/mcp.md)",
+    )
     mcp.add_argument("--profile", help="the profile of --config to use")
     mcp.add_argument("--page-size", type=int, default=100, help="tools per tools/list page (default 100)")
     mcp.add_argument("--list", action="store_true", help="print what a client would see, and exit")
