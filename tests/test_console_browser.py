@@ -33,9 +33,9 @@ QUESTION = {"projekt": "web", "frage": "", "versucht": "read the budget sheet", 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # The console's local person decides here: @local is the node's own caller (via "local"), and the
-    # console passes the person behind it (via "console"), which HANDOFF_HUMANS lists by its id.
-    stack = Stack(tmp_path_factory.mktemp("console"), humans=f"@local,{person_id()}")
+    # HANDOFF_HUMANS as on the default set-up (@local): the console's local person is the node's
+    # own (MESH_LOCAL_PERSON), so the Attention page's decision is the operator's with no setting.
+    stack = Stack(tmp_path_factory.mktemp("console"))
     try:
         asyncio.run(stack.ready())
         # A project scope beside global (the memory's scope admins are @local: the operator's caller).

@@ -175,6 +175,9 @@ def os_user() -> str:
         return f"uid-{os.getuid()}"
 
 
+LOCAL_PERSON_VAR = "MESH_LOCAL_PERSON"  # every child's: the node's os_person().id
+
+
 def os_person() -> Person:
     """The OS user running this process as a person, issued by this machine (`unix:<host>`): who a
     face over stdio, or a console's local login, passes; the node's own is an operator of its restarts."""
