@@ -31,6 +31,9 @@ local = "ops/alice"                 # the node's own caller: the embedded bus's 
 delegates = { "faces/mcp" = "mcp", "web/console" = "console" }   # callers that pass the person behind a call
 # mcp_faces = ["faces/mcp"]         # the same as delegates with "mcp" (the older name)
 
+[console]
+operators = ["person:https%3A%2F%2Fidp.example/anna"]   # who may restart bundles through a console
+
 [seats]
 lease_ttl_s = 10                    # a dead holder's lease expires after this
 
@@ -77,13 +80,16 @@ from toolchains.cache_bound import CacheBound, bound_problem
 MESH_ACCOUNT = "MESH"
 MESH_USER = "mesh-node"
 # The embedded bus's own callers: the operator's calls (the node's OS user: the local identity)
-# and the face (`meshctl mcp`, a delegate).
+# the face (`meshctl mcp`, a delegate) and the console (`meshctl console`, a delegate that also reads
+# the nodes' status and asks their restarts, which the node checks against `[console] operators`).
 LOCAL_ACCOUNT = "LOCAL"
 LOCAL_USER = "mesh-local"
 FACE_ACCOUNT = "faces"
 FACE_USER = "mesh-mcp"
-RESERVED_ACCOUNTS = (MESH_ACCOUNT, LOCAL_ACCOUNT)
-RESERVED_USERS = (MESH_USER, LOCAL_USER, FACE_USER)
+CONSOLE_ACCOUNT = "CONSOLES"
+CONSOLE_USER = "mesh-console"
+RESERVED_ACCOUNTS = (MESH_ACCOUNT, LOCAL_ACCOUNT, CONSOLE_ACCOUNT)
+RESERVED_USERS = (MESH_USER, LOCAL_USER, FACE_USER, CONSOLE_USER)
 # Where a node run by systemd keeps its state (its unit's default; meshctl finds it there too).
 SYSTEM_STATE_DIR = "/var/lib/mesh-node"
 ACCOUNT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
@@ -128,6 +134,13 @@ class IdentityConfig(msgspec.Struct, forbid_unknown_fields=True):
         found: dict[tuple[str, str | None], Via] = {parse_listed(f): "mcp" for f in self.mcp_faces}
         found.update({parse_listed(k): v for k, v in self.delegates.items()})
         return found
+
+
+class ConsoleConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # People who may restart a bundle through a console (`meshctl console`): person ids
+    # ("person:<iss>/<sub>", as the modules see them). The node's local person (the OS user who runs
+    # the node, logged in locally on a console on this machine) is one without being listed.
+    operators: list[str] = []
 
 
 class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -185,6 +198,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     calls: CallSettings = msgspec.field(default_factory=CallSettings)  # the bus call protocol (docs/bus.md)
     delivery: ArtifactLimits = msgspec.field(default_factory=ArtifactLimits)
     identity: IdentityConfig = msgspec.field(default_factory=IdentityConfig)
+    console: ConsoleConfig = msgspec.field(default_factory=ConsoleConfig)
     seats: SeatsConfig = msgspec.field(default_factory=SeatsConfig)
     services: ServicesConfig = msgspec.field(default_factory=ServicesConfig)
     build_cache: CacheBound = msgspec.field(default_factory=CacheBound)  # toolchains/cache_bound.py
@@ -259,6 +273,9 @@ def _problem(config: NodeConfig) -> str | None:
             return f"identity.delegates: {why}"
         if via not in DELEGATE_VIAS:
             return f'identity.delegates: {listed!r} = {via!r}; a delegate\'s channel is "mcp" or "console"'
+    for listed in config.console.operators:
+        if not listed.startswith("person:") or "/" not in listed or not listed.isprintable():
+            return f'console.operators: {listed!r} is not a person id; write "person:<issuer>/<subject>", e.g. "person:https%3A%2F%2Fidp.example/anna"'
     if not 1 <= config.seats.lease_ttl_s <= 3600:
         return f"seats.lease_ttl_s: is {config.seats.lease_ttl_s}; write seconds from 1 to 3600"
     if why := bound_problem(config.build_cache):

@@ -38,7 +38,7 @@ bash scripts/setup-python.sh
 # that the first child does not wait for gcc; it says what this machine's kernel allows.
 python -m launcher.sandbox probe
 
-for lang in c go rust typescript systemd imports litestream; do
+for lang in c go rust typescript systemd imports litestream browser; do
   script="scripts/setup-$lang.sh"
   if [ -f "$script" ]; then
     echo "setup: $lang"

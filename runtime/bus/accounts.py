@@ -12,7 +12,8 @@ nats-server (README).
 The embedded bus always has accounts (`EmbeddedAccounts`): the mesh account (the nodes, and the
 node's OS user's meshctl for status, delivery and seats), `LOCAL` (that user's own calls, which
 the node gives its local identity), the face user `faces/mesh-mcp` (`meshctl mcp`, a delegate),
-the callers of `[[nats.caller]]` and those `meshctl caller add` made (`<state>/callers.json`).
+the console user `CONSOLES/mesh-console` (`meshctl console`, a delegate that also reads the nodes'
+status and asks for restarts, both stamped, which the node checks: runtime/node/control.py), the callers of `[[nats.caller]]` and those `meshctl caller add` made (`<state>/callers.json`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import msgspec
 
 from runtime.config import (
     ACCOUNT_NAME_RE,
+    CONSOLE_ACCOUNT,
+    CONSOLE_USER,
     FACE_ACCOUNT,
     FACE_USER,
     LOCAL_ACCOUNT,
@@ -55,6 +58,12 @@ MESH_EXPORTS = (
 # Messages the mesh account publishes for its callers: the nodes' change notices (runtime/node/changes.py)
 # and every write to the catalogue, as the server republishes it (runtime/bus/catalog_watch.py).
 MESH_STREAMS = ("mesh.events.tools", "mesh.catalog.>")
+# What only a console account imports: every node's status (read), and restarts, stamped (share: true)
+# so that the node sees which delegate and person asks (runtime/node/control.py checks the person).
+CONSOLE_EXPORTS = (
+    ("mesh.node.*.status", "", False),
+    ("mesh.node.*.restart", "", True),
+)
 # What no user of the mesh account may publish: every subject the node reads a caller stamp on.
 MESH_DENIED = (TOOL_PREFIX + ">", SEAT_PREFIX + ">", CANCEL_PREFIX + "*", FETCH_PREFIX + ">")
 SECRET_FILE_MODE = 0o600
@@ -67,19 +76,27 @@ def _q(text: str) -> str:
 
 
 def accounts_block(
-    mesh_users: list[tuple[str, str]], callers: list[tuple[str, str, str]], *, guard: bool = True
+    mesh_users: list[tuple[str, str]],
+    callers: list[tuple[str, str, str]],
+    *,
+    guard: bool = True,
+    consoles: tuple[str, ...] = (),
 ) -> str:
     """An `accounts { ... }` block: (user, password) in the mesh account, (account, user, password) callers.
 
     `guard`: the mesh account's users may not publish calls (the node believes stamps only then);
-    off only for a test that shows what an unguarded mesh account costs.
+    off only for a test that shows what an unguarded mesh account costs. `consoles`: the caller
+    accounts that also import the nodes' status and restart subjects (CONSOLE_EXPORTS), exported to
+    them alone.
     """
     deny = ", ".join(_q(s) for s in MESH_DENIED)
     permissions = f", permissions: {{ publish: {{ deny: [ {deny} ] }} }}" if guard else ""
     users = ", ".join(f"{{ user: {_q(u)}, password: {_q(p)}{permissions} }}" for u, p in mesh_users)
+    only = ", ".join(_q(a) for a in consoles)
     exports = ", ".join(
         [f"{{ service: {_q(s)}{', ' + o if o else ''} }}" for s, o in MESH_EXPORTS]
         + [f"{{ stream: {_q(s)} }}" for s in MESH_STREAMS]
+        + ([f"{{ service: {_q(s)}, accounts: [ {only} ] }}" for s, _, _ in CONSOLE_EXPORTS] if consoles else [])
     )
     lines = [
         "accounts {",
@@ -96,9 +113,14 @@ def accounts_block(
         [f"{{ service: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }}, share: true }}" for s, _ in MESH_EXPORTS]
         + [f"{{ stream: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }} }}" for s in MESH_STREAMS]
     )
+    console_imports = ", ".join(
+        f"{{ service: {{ account: {MESH_ACCOUNT}, subject: {_q(s)} }}{', share: true' if share else ''} }}"
+        for s, _, share in CONSOLE_EXPORTS
+    )
     for account, members in by_account.items():
         listed = ", ".join(f"{{ user: {_q(u)}, password: {_q(p)} }}" for u, p in members)
-        lines += [f"  {_q(account)} {{", f"    users: [ {listed} ]", f"    imports: [ {imports} ]", "  }"]
+        more = f", {console_imports}" if account in consoles else ""
+        lines += [f"  {_q(account)} {{", f"    users: [ {listed} ]", f"    imports: [ {imports}{more} ]", "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -156,6 +178,7 @@ class EmbeddedAccounts:
 
     `<state_dir>/bus-mesh.password`: the mesh account's (nodes; the operator's status, delivery
     and seats); `bus-local.password`: the operator's own calls; `bus-mcp.password`: the face;
+    `bus-console.password`: the console;
     `callers/<user>.password`: a caller's password when the config gives none, or one `meshctl
     caller add` made.
     """
@@ -167,8 +190,10 @@ class EmbeddedAccounts:
         self.mesh_password = read_or_make_secret(self.mesh_password_file)
         self.local = Login(LOCAL_USER, state_dir / "bus-local.password")
         self.face = Login(FACE_USER, state_dir / "bus-mcp.password")
+        self.console = Login(CONSOLE_USER, state_dir / "bus-console.password")
         self._local_password = read_or_make_secret(self.local.password_file)
         self._face_password = read_or_make_secret(self.face.password_file)
+        self._console_password = read_or_make_secret(self.console.password_file)
         self.configured: list[tuple[str, str, str]] = []
         self.generated: list[Path] = []
         for c in configured:
@@ -188,7 +213,10 @@ class EmbeddedAccounts:
 
     def delegates(self) -> dict[tuple[str, str | None], Via]:
         """The embedded bus's own delegates: its face, and every added caller with a channel."""
-        found: dict[tuple[str, str | None], Via] = {(FACE_ACCOUNT, FACE_USER): "mcp"}
+        found: dict[tuple[str, str | None], Via] = {
+            (FACE_ACCOUNT, FACE_USER): "mcp",
+            (CONSOLE_ACCOUNT, CONSOLE_USER): "console",
+        }
         for a in self.added:
             if a.via is not None:
                 found[(a.account, a.user)] = a.via
@@ -199,6 +227,7 @@ class EmbeddedAccounts:
         own = [
             (LOCAL_ACCOUNT, LOCAL_USER, self._local_password),
             (FACE_ACCOUNT, FACE_USER, self._face_password),
+            (CONSOLE_ACCOUNT, CONSOLE_USER, self._console_password),
         ]
         added = []
         for a in self.added:
@@ -212,6 +241,7 @@ class EmbeddedAccounts:
         rows = [
             CallerRow(LOCAL_ACCOUNT, LOCAL_USER, "operator", "local", str(self.local.password_file)),
             CallerRow(FACE_ACCOUNT, FACE_USER, "face", "mcp", str(self.face.password_file)),
+            CallerRow(CONSOLE_ACCOUNT, CONSOLE_USER, "console", "console", str(self.console.password_file)),
         ]
         made = {str(p) for p in self.generated}
         for account, user, _ in self.configured:
@@ -293,7 +323,8 @@ class EmbeddedAccounts:
             made = f"`meshctl caller add NAME` makes more (passwords in {self.state_dir / 'callers'})"
         return (
             f"embedded bus accounts: mesh (nodes, password in {self.mesh_password_file}), the operator's calls "
-            f"({LOCAL_ACCOUNT}/{LOCAL_USER}), the face ({FACE_ACCOUNT}/{FACE_USER}) and callers {callers or 'none'}; "
+            f"({LOCAL_ACCOUNT}/{LOCAL_USER}), the face ({FACE_ACCOUNT}/{FACE_USER}), the console "
+            f"({CONSOLE_ACCOUNT}/{CONSOLE_USER}) and callers {callers or 'none'}; "
             f"{made}"
         )
 
@@ -301,4 +332,4 @@ class EmbeddedAccounts:
         return [(a.account, a.user, "") for a in self.added]
 
     def server_config(self) -> str:
-        return accounts_block([(self.mesh_user, self.mesh_password)], self.callers())
+        return accounts_block([(self.mesh_user, self.mesh_password)], self.callers(), consoles=(CONSOLE_ACCOUNT,))

@@ -28,6 +28,9 @@ class BusInfo(msgspec.Struct):
     # The face (`meshctl mcp`): a delegate, which passes the person behind each call.
     face_user: str | None = None
     face_password_file: str | None = None
+    # The console (`meshctl console`): a delegate too, which also reads status and asks restarts.
+    console_user: str | None = None
+    console_password_file: str | None = None
 
 
 def write_bus_info(state_dir: Path, info: BusInfo) -> Path:

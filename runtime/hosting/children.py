@@ -19,6 +19,7 @@ from runtime.config import NodeConfig
 from runtime.hosting.from_source import preparer
 from runtime.hosting.placement import RUN_FROM_SOURCE, Placement, data_dir
 from runtime.hosting.secrets import SecretsError, bundle_secrets
+from runtime.wire.identity import LOCAL_PERSON_VAR, os_person
 
 log = logging.getLogger("mesh.node")
 
@@ -59,6 +60,9 @@ def child_of(
         secrets=_secrets(config, module.name, spec.name),
     )
     env[MARKER_VAR] = run_id
+    # Who the node's own OS user is as a person: what a console on this machine passes for the
+    # operator (a module that trusts the local caller may trust that person through a console).
+    env[LOCAL_PERSON_VAR] = os_person().id
     child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
     prepare = preparer(placement.loaded, spec, config.state_dir, child, config.build_cache) if built_first else None
     return child, prepare

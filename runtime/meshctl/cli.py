@@ -14,9 +14,9 @@ import sys
 
 from runtime.meshctl.errors import as_mesh_error
 from runtime.meshctl.settings import bus_options
-from runtime.meshctl.verbs import bundle, call, caller, mcp, module, node, seat, smoke
+from runtime.meshctl.verbs import bundle, call, caller, console, mcp, module, node, seat, smoke
 
-VERB_GROUPS = (node, call, mcp, module, bundle, seat, caller, smoke)
+VERB_GROUPS = (node, call, mcp, console, module, bundle, seat, caller, smoke)
 
 
 def parser() -> argparse.ArgumentParser:

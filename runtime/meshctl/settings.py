@@ -86,7 +86,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     return msgspec.structs.replace(config, nats=nats, **changes)
 
 
-Role = Literal["admin", "caller", "face"]
+Role = Literal["admin", "caller", "face", "console"]
 
 
 class CallerFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -146,7 +146,8 @@ def _has_credentials(cfg: NatsConfig) -> bool:
 def login(args: argparse.Namespace, role: Role = "admin") -> Login:
     """Who this verb is on the bus: the credentials given; else, for the node's own OS user, the
     login bus.json names for `role` (the mesh account for status, delivery and seats; the
-    operator's caller for calls; the face user for `meshctl mcp`); else a caller file."""
+    operator's caller for calls; the face user for `meshctl mcp`, the console user for `meshctl
+    console`); else a caller file."""
     cfg = nats_config(args)
     # A caller file named (--caller-file, MESH_CALLER_FILE) is who this verb is, unless credentials are given.
     named = None if _has_credentials(cfg) else _caller_file(args, default_too=False)
@@ -176,6 +177,7 @@ def login(args: argparse.Namespace, role: Role = "admin") -> Login:
         "admin": (info.user, info.password_file),
         "caller": (info.caller_user, info.caller_password_file),
         "face": (info.face_user, info.face_password_file),
+        "console": (info.console_user, info.console_password_file),
     }[role]
     if not password_file:  # a node on a bus it joined: that bus's credentials are the verb's to give
         return Login(cfg, info.node)
@@ -186,7 +188,8 @@ def login(args: argparse.Namespace, role: Role = "admin") -> Login:
             f"the local bus has accounts and {password_file} cannot be read ({e.strerror}); "
             "run as the node's user, or call as a caller with --caller-file FILE (or --user and --password)"
         ) from None
-    return Login(msgspec.structs.replace(cfg, user=user, password=password), info.node, delegate=role == "face")
+    delegate = role in ("face", "console")
+    return Login(msgspec.structs.replace(cfg, user=user, password=password), info.node, delegate=delegate)
 
 
 def client_config(args: argparse.Namespace, role: Role = "admin") -> tuple[NatsConfig, str | None]:

@@ -1,8 +1,10 @@
 """A node's control subjects: `mesh.node.<node>.status | restart | seat-move` (runtime/wire/control.py);
 `callers` is runtime/node/callers.py.
 
-Only the mesh account reaches them (the accounts export the call subjects alone): an operator's
-meshctl, smoke, the tests.
+The mesh account reaches them (an operator's meshctl, smoke, the tests); a console account also
+imports `status` and `restart` (runtime/bus/accounts.py CONSOLE_EXPORTS), its restarts stamped by
+the server: `RestartRights` lets one through only from a console delegate passing a person who is
+an operator.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Callable, Mapping
 
 import msgspec
 from nats.aio.client import Client
@@ -23,17 +26,66 @@ from runtime.calls.dispatch import Dispatcher
 from runtime.hosting.services import Hosted
 from runtime.node.modules import ModuleHost
 from runtime.wire.control import ModuleStatus, NodeStatus, RestartAsk, RestartReply
+from runtime.wire.identity import (
+    PERSON,
+    REQUEST_INFO,
+    CallerError,
+    Via,
+    caller_from_info,
+    os_person,
+    person_from_header,
+)
 from runtime.wire.subjects import RESTART, SEAT_MOVE, STATUS, node_subject
 
 log = logging.getLogger("mesh.node")
 
 
+class RestartRights:
+    """Who may restart a bundle. A request without the server's stamp came from inside the mesh
+    account (an operator's meshctl): as before. A stamped one crossed the console import: it passes
+    only from a listed console delegate naming a person who is an operator (`[console] operators`,
+    or the node's own local person)."""
+
+    def __init__(self, delegates: Callable[[], Mapping[tuple[str, str | None], Via]], operators: list[str]) -> None:
+        self.delegates = delegates
+        self.operators = {*operators, os_person().id}
+
+    def refusal(self, headers: Mapping[str, str] | None) -> str | None:
+        info = (headers or {}).get(REQUEST_INFO)
+        if info is None:
+            return None
+        try:
+            caller = caller_from_info(info)
+            listed = self.delegates()
+            via = listed.get((caller.account, caller.user)) or listed.get((caller.account, None))
+            if via != "console":
+                return f"caller {caller.id} is not a console delegate; restarts come from a console or the mesh account"
+            given = (headers or {}).get(PERSON)
+            if given is None:
+                return "a console's restart names the person asking (Mesh-Person); this one named nobody"
+            person = person_from_header(given)
+        except CallerError as e:
+            return str(e)
+        if person.id not in self.operators:
+            return f"{person.name or person.sub} ({person.id}) is not an operator; [console] operators in the node's config lists who may restart"
+        return None
+
+
 class Control:
     """Answers one node's control subjects while it serves."""
 
-    def __init__(self, nc: Client, node: str, url: str, modules: ModuleHost, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        node: str,
+        url: str,
+        modules: ModuleHost,
+        dispatcher: Dispatcher,
+        rights: RestartRights | None = None,
+    ) -> None:
         self.nc, self.node, self.url = nc, node, url
         self.modules, self.dispatcher = modules, dispatcher
+        self.rights = rights or RestartRights(dict, [])
         self._started = time.monotonic()
         self._subs: list[Subscription] = []
         self.identity = ""  # whose word the callers' identity is (runtime/bus/trust.py), for status
@@ -81,7 +133,12 @@ class Control:
             wanted = msgspec.json.decode(msg.data or b"{}", type=RestartAsk).bundle
         except (msgspec.DecodeError, msgspec.ValidationError):
             wanted = ""
-        reply = self.restart(wanted)
+        refusal = self.rights.refusal(msg.headers)
+        if refusal is not None:
+            log.warning("restart of %r refused: %s", wanted[:200], refusal)
+            reply = RestartReply(ok=False, error=f"restart refused: {refusal}")
+        else:
+            reply = self.restart(wanted)
         if msg.reply:
             await msg.respond(msgspec.json.encode(reply))
 

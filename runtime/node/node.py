@@ -41,7 +41,7 @@ from runtime.hosting.placement import Placement
 from runtime.node.callers import Callers
 from runtime.node.catalog import CatalogWriter
 from runtime.node.changes import ChangeNotice
-from runtime.node.control import Control
+from runtime.node.control import Control, RestartRights
 from runtime.node.metrics import MetricsServer, NodeParts, registry_of
 from runtime.node.modules import ModuleHost, Wiring
 from runtime.wire.control import NodeStatus
@@ -263,6 +263,8 @@ class Node:
             caller_password_file=str(accounts.local.password_file),
             face_user=accounts.face.user,
             face_password_file=str(accounts.face.password_file),
+            console_user=accounts.console.user,
+            console_password_file=str(accounts.console.password_file),
         )
 
     def _delegates(self) -> dict[tuple[str, str | None], Via]:
@@ -306,7 +308,8 @@ class Node:
             max_bytes=cat.max_bytes,
         )
         notice = ChangeNotice(nc, self.name, service.id, also=catalog.poke)
-        control = Control(nc, self.name, self.url, modules, dispatcher)
+        rights = RestartRights(self._delegates, self.config.console.operators)
+        control = Control(nc, self.name, self.url, modules, dispatcher, rights)
         control.identity = trust.summary
         bus = (self._accounts, self._embedded) if self._accounts is not None and self._embedded is not None else None
         callers = Callers(nc, self.name, self.url, bus, lambda _: stamp.set_delegates(self._delegates()))

@@ -92,7 +92,7 @@ class CallerRow(msgspec.Struct, frozen=True):
 
     account: str
     user: str
-    kind: str  # operator | face | config | added
+    kind: str  # operator | face | console | config | added
     via: str  # what the node marks its calls: bus, local, mcp or console
     password_file: str  # "" when its password is in the node's config
 

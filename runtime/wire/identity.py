@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import socket
 from typing import Literal
 
 import msgspec
@@ -172,6 +173,16 @@ def os_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (a container's numeric uid): still someone
         return f"uid-{os.getuid()}"
+
+
+LOCAL_PERSON_VAR = "MESH_LOCAL_PERSON"  # every child's: the node's os_person().id
+
+
+def os_person() -> Person:
+    """The OS user running this process as a person, issued by this machine (`unix:<host>`): who a
+    face over stdio, or a console's local login, passes; the node's own is an operator of its restarts."""
+    user = os_user()
+    return Person(iss=f"unix:{socket.gethostname()}", sub=user, name=user)
 
 
 def check_local(local: str) -> str | None:

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	meshsdk "mesh.local/sdk/go"
 )
 
 // clock is a fake now the tests move by hand; the desk never reads the wall clock itself.
@@ -927,6 +929,33 @@ func TestLimitsAndHumansFromEnv(t *testing.T) {
 	for _, bad := range []string{"OPS/", "/x", "a/b/c", "OPS,,x", "ops team", "a\x01"} {
 		if _, err := ParseHumans(bad); err == nil || !strings.Contains(err.Error(), "HANDOFF_HUMANS") {
 			t.Errorf("HANDOFF_HUMANS=%q: %v", bad, err)
+		}
+	}
+}
+
+// The node's person behind a console is @local; the same person through an MCP face (an agent
+// acting for them) is not, nor is another person through the console, nor anyone when the node
+// gave no local person.
+func TestLocalIsTheMeshCallerOrTheNodesPersonThroughAConsole(t *testing.T) {
+	me := &meshsdk.Person{Iss: "unix:box", Sub: "ops"}
+	other := &meshsdk.Person{Iss: "unix:box", Sub: "eve"}
+	mine := (&meshsdk.Caller{Account: "CONSOLES", User: "mesh-console", Via: "console", Person: me}).ID()
+	cases := []struct {
+		caller *meshsdk.Caller
+		local  string
+		want   bool
+	}{
+		{&meshsdk.Caller{Account: "MESH", Via: "local"}, mine, true},
+		{&meshsdk.Caller{Account: "CONSOLES", User: "mesh-console", Via: "console", Person: me}, mine, true},
+		{&meshsdk.Caller{Account: "FACES", User: "mesh-face", Via: "mcp", Person: me}, mine, false},
+		{&meshsdk.Caller{Account: "CONSOLES", User: "mesh-console", Via: "console", Person: other}, mine, false},
+		{&meshsdk.Caller{Account: "CONSOLES", User: "mesh-console", Via: "console", Person: me}, "", false},
+		{&meshsdk.Caller{Account: "CONSOLES", User: "mesh-console", Via: "console"}, mine, false},
+		{&meshsdk.Caller{Account: "ALICE", User: "alice", Via: "bus"}, mine, false},
+	}
+	for i, c := range cases {
+		if got := isLocal(c.caller, c.local); got != c.want {
+			t.Errorf("case %d (%s via %s, local %q): %v, want %v", i, c.caller.ID(), c.caller.Via, c.local, got, c.want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	meshsdk "mesh.local/sdk/go"
@@ -13,8 +14,12 @@ import (
 type Who struct {
 	ID      string // "" when the call came with no caller
 	Account string
-	Local   bool // the node's local identity (a call from inside the mesh account)
+	Local   bool // the node's local identity: a call from inside the mesh account, or its person through a console
 }
+
+// localPerson is the node's own OS user as a person id (MESH_LOCAL_PERSON, given to every child):
+// the person a console on this machine passes for the operator who started it.
+var localPerson = os.Getenv("MESH_LOCAL_PERSON")
 
 // whoOf is the one place a caller becomes an identity. The node stamps a caller {account, user,
 // name, via}; when it also carries a person (via "mcp" or "console", person {iss, sub, name}),
@@ -24,7 +29,18 @@ func whoOf(c *meshsdk.Caller) Who {
 	if c == nil {
 		return Who{}
 	}
-	return Who{ID: c.ID(), Account: c.Account, Local: c.Via == "local"}
+	return Who{ID: c.ID(), Account: c.Account, Local: isLocal(c, localPerson)}
+}
+
+// isLocal: the mesh account's own caller, or the node's person behind a console. A console
+// delegate is listed by the node (on the default set-up only the node's user can read its
+// credentials), so its local person is the operator at that machine. Not through an MCP face: there
+// an agent acts for the person, and seed 002 has humans, not agents, decide.
+func isLocal(c *meshsdk.Caller, localPerson string) bool {
+	if c.Via == "local" {
+		return true
+	}
+	return c.Via == "console" && c.Person != nil && localPerson != "" && c.ID() == localPerson
 }
 
 func callerOf(ctx context.Context) Who { return whoOf(meshsdk.CallerFrom(ctx)) }
