@@ -101,3 +101,22 @@ async def test_a_2026_client_answers_an_input_required_result_and_the_tool_resum
             result = await c.call_tool("asks_confirm", {"question": "Rotate the key?"})
     assert answer_of(result)["result"] == {"action": "accept", "content": {"ok": False}}
     assert [p.message for p in asked] == ["Rotate the key?"]
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_session_that_answers_asks_still_gets_the_tools_progress(stack: Stack, transport: str) -> None:
+    """A client that declared elicitation is served the package's way (not the hot path): its call's
+    progress reaches it as any other client's does (the conformance suite's tools-call-with-progress)."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    with http_face(stack.server.url, stack.work / f"face-progress-{transport}.log", *stack.face_args("alice")) as url:
+        target: Any = stdio_face(stack.server.url, *stack.face_args("alice")) if transport == "stdio" else url
+        async with Client(target, mode="legacy", cache=None, elicitation_callback=answering("decline")) as c:
+            with anyio.fail_after(20):
+                result = await c.call_tool("asks_progress", {"steps": 3, "delay": 0.02}, progress_callback=on_progress)
+    assert result.is_error is False
+    assert [(p, t) for p, t, _ in seen] == [(1, 3), (2, 3), (3, 3)]
+    assert [m for _, _, m in seen] == ["step 1", "step 2", "step 3"]

@@ -86,47 +86,34 @@ def legacy_handler(ctx: ServerRequestContext[Any, Any]) -> AskHandler | None:
 
 
 class Asking:
-    """The face's asking calls (both eras); `call` returns None for a call that is not one."""
+    """The face's detached calls of the 2026-07-28 era, asked through InputRequiredResult. (A 2025-11-25
+    session's asks need no class: its call is the face's usual one with `legacy_handler`'s handler.)"""
 
     def __init__(self, face: Any) -> None:
         self.face = face
 
-    async def call(
+    async def detached(
         self,
         ctx: ServerRequestContext[Any, Any],
         tool: FaceTool,
         params: types.CallToolRequestParams,
         person: Person | None,
     ) -> Any:
-        face = self.face
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            if params.request_state is not None:
-                return await self._resume(ctx, tool, params, person)
-            if not declared(ctx):
-                return None
-            try:
-                record = await face.client.start(
-                    tool.subject, params.arguments or {}, timeout_s=face.call_timeout_s, answers=True, person=person
-                )
-            except CallError as e:
-                return face.error_result(e)
-            return await self._until_asked(tool, record.task, person)
-        on_ask = legacy_handler(ctx)
-        if on_ask is None:
+        """A 2026-07-28 call whose client answers asks (or a retry with their answers); None for any other."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             return None
+        if params.request_state is not None:
+            return await self._resume(ctx, tool, params, person)
+        if not declared(ctx):
+            return None
+        face = self.face
         try:
-            data = await face.client.call(
-                tool.subject,
-                params.arguments or {},
-                timeout_s=face.call_timeout_s,
-                on_progress=lambda frame: None,  # asked: its keepalives say the node is there while the user thinks
-                cancel_reason=face.cancel_reason,
-                person=person,
-                on_ask=on_ask,
+            record = await face.client.start(
+                tool.subject, params.arguments or {}, timeout_s=face.call_timeout_s, answers=True, person=person
             )
         except CallError as e:
             return face.error_result(e)
-        return face.checked_result(tool, data)
+        return await self._until_asked(tool, record.task, person)
 
     async def _until_asked(self, tool: FaceTool, task: str, person: Person | None) -> Any:
         """The detached call's end (its result), or its next ask as an InputRequiredResult."""

@@ -30,7 +30,8 @@ from nats.aio.client import Client
 
 from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.client import CallError, MeshClient
-from runtime.meshctl.face.asking import Asking
+from runtime.client_tasks import AskHandler
+from runtime.meshctl.face.asking import Asking, legacy_handler
 from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
@@ -221,13 +222,16 @@ class Face:
                 "or check the NATS server and `meshctl mcp --nats`"
             )
         person = self.person_of(ctx)
-        asked = await self.asking.call(ctx, tool, params, person)  # a client that answers a tool's asks
+        asked = await self.asking.detached(ctx, tool, params, person)  # a 2026-07-28 client that answers asks
         if asked is not None:
             return cast(dict[str, Any], asked)
+        # A 2025-11-25 session's client that answers a tool's asks gets them as the face's own requests,
+        # on the same call as any other: its progress and trace context go on as they do without asks.
+        on_ask = legacy_handler(ctx)
         if not (params.meta or {}).get("progress_token"):
             # The client asked for no progress: no forwarding task, no stream, no task group. The node is
             # still asked for progress, so its keepalives tell the face when it died mid-call.
-            return await self._call_plain(tool, params.arguments, person, _trace_of(params))
+            return await self._call_plain(tool, params.arguments, person, _trace_of(params), on_ask)
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:
@@ -250,6 +254,7 @@ class Face:
                     on_progress=on_progress,
                     cancel_reason=CANCEL_REASON,
                     person=person,
+                    on_ask=on_ask,
                     **_trace_of(params),
                 )
             except CallError as e:
@@ -272,6 +277,7 @@ class Face:
         arguments: dict[str, Any] | None,
         person: Person | None,
         trace: Trace | None = None,
+        on_ask: AskHandler | None = None,
     ) -> dict[str, Any] | types.CallToolResult:
         try:
             data = await self.client.call(
@@ -281,6 +287,7 @@ class Face:
                 on_progress=_no_progress,
                 cancel_reason=CANCEL_REASON,
                 person=person,
+                on_ask=on_ask,
                 **(trace or Trace()),
             )
         except CallError as e:
