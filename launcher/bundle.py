@@ -104,6 +104,11 @@ class RunnerEvents:
     def progress(self, runner: BundleRunner, params: msgspec.Raw) -> None:
         """A child's `notifications/progress`, for the caller that asked for it."""
 
+    def ask(self, runner: BundleRunner, session: Session, rid: int | str, method: str, params: msgspec.Raw) -> bool:
+        """A child's own request (elicitation, sampling, roots) during a call: True when taken (the owner
+        answers it with `session.respond`); False: refused as a method the node does not offer."""
+        return False
+
 
 class BundleRunner(Supervised):
     """A supervised tools child. `run()` is owned by the node's task group; `call()` by a request."""
@@ -293,7 +298,7 @@ class BundleRunner(Supervised):
     async def _run_once(self) -> float | None:
         """Start one child and serve until it exits. Returns when it became ready, if it did."""
         spec = self.spec
-        session = Session(self.key, self._notification)
+        session = Session(self.key, self._notification, self._child_request)
         child = await self._spawn(session.feed)
         if child is None:
             return None
@@ -380,6 +385,9 @@ class BundleRunner(Supervised):
         no sign of life since, the grace ends and missed pings count again.
         """
         return self._slots.used > 0 and self._call_timed_out_at <= session.last_seen
+
+    def _child_request(self, session: Session, rid: int | str, method: str, params: msgspec.Raw) -> bool:
+        return self.events.ask(self, session, rid, method, params)
 
     def _notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":

@@ -89,7 +89,11 @@ class _DiscoverResult(msgspec.Struct):
 
 def envelope(version: str) -> dict[str, Any]:
     """The `_meta` members a stateless-era client puts in every request."""
-    return {META_PROTOCOL_VERSION: version, META_CLIENT_CAPABILITIES: {}, META_CLIENT_INFO: CLIENT_INFO}
+    return {
+        META_PROTOCOL_VERSION: version,
+        META_CLIENT_CAPABILITIES: CLIENT_CAPABILITIES,
+        META_CLIENT_INFO: CLIENT_INFO,
+    }
 
 
 _decode_incoming = msgspec.json.Decoder(Incoming).decode
@@ -111,6 +115,11 @@ def tool_call_params(tool: bytes, arguments: bytes, meta: bytes = b"") -> bytes:
 
 Write = Callable[[bytes], None]
 NotificationHandler = Callable[[str, msgspec.Raw], None]
+# A child's own request the owner may answer (elicitation, sampling, roots: the node asks the call's
+# caller): (session, request id, method, params) -> True when it took it and will `respond` later.
+RequestHandler = Callable[["Session", "int | str", str, msgspec.Raw], bool]
+# What the node offers a child in its handshake: it passes these requests to the callers that answer.
+CLIENT_CAPABILITIES: dict[str, Any] = {"elicitation": {"form": {}, "url": {}}, "sampling": {}, "roots": {}}
 
 
 def _not_attached(data: bytes) -> None:
@@ -120,8 +129,11 @@ def _not_attached(data: bytes) -> None:
 class Session:
     """JSON-RPC client side of one MCP connection. Knows lines, not processes."""
 
-    def __init__(self, name: str, on_notification: NotificationHandler | None = None) -> None:
+    def __init__(
+        self, name: str, on_notification: NotificationHandler | None = None, on_request: RequestHandler | None = None
+    ) -> None:
         self._write: Write = _not_attached
+        self._on_request = on_request
         self.name = name
         self._next_id = 0
         self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
@@ -183,15 +195,28 @@ class Session:
             )
 
     def _answer_child_request(self, msg: Incoming) -> None:
-        # A child may ping us or ask for things a tool runtime does not offer (sampling, roots).
+        # A child may ping us, or ask its caller (handed to the owner), or ask what nobody offers.
+        assert msg.method is not None and msg.id is not None
         if msg.method == "ping":
             answer: dict[str, Any] = {"jsonrpc": "2.0", "id": msg.id, "result": {}}
+        elif self._on_request is not None and self._on_request(self, msg.id, msg.method, msg.params):
+            return
         else:
             error = {"code": -32601, "message": f"the mesh node does not offer {msg.method}"}
             answer = {"jsonrpc": "2.0", "id": msg.id, "error": error}
         try:
             self._send(answer)
         except SessionClosed:
+            pass  # the child asked and left: nobody to answer
+
+    def respond(self, rid: int | str, result: bytes | None = None, error: tuple[int, str] | None = None) -> None:
+        """Answer a child's own request: `result` a JSON object as bytes, or `error` (code, message)."""
+        try:
+            if error is not None:
+                self._send({"jsonrpc": "2.0", "id": rid, "error": {"code": error[0], "message": error[1]}})
+            else:
+                self._write(b'{"jsonrpc":"2.0","id":%s,"result":%s}\n' % (_encode(rid), result or b"{}"))
+        except (SessionClosed, BrokenPipeError, ConnectionError, RuntimeError):
             pass  # the child asked and left: nobody to answer
 
     def close(self, error: Exception) -> None:
@@ -333,7 +358,11 @@ class Session:
     async def initialize(self, timeout: float) -> None:
         raw = await self.request(
             "initialize",
-            {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO},
+            {
+                "protocolVersion": LATEST_PROTOCOL_VERSION,
+                "capabilities": CLIENT_CAPABILITIES,
+                "clientInfo": CLIENT_INFO,
+            },
             timeout,
         )
         try:

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import hashlib
 import json
+import logging
 import secrets
 from typing import Any, Callable
 
@@ -28,6 +29,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from runtime.calls.objects import DEFAULT_CAP, put_request
+from runtime.client_tasks import AskHandler, AskRefused, TaskCalls, TaskFailed, decode_ask
+from runtime.wire.asking import ANSWERS, FRAME_ASK, AskFrame, TaskRecord
 from runtime.wire.callproto import (
     CALL_ID,
     DEFAULT_BUCKET,
@@ -52,11 +55,14 @@ from runtime.wire.errors import HEADER_CODE, HEADER_TEXT
 from runtime.wire.identity import PERSON, Person, encode_person
 from runtime.wire.subjects import cancel_subject, fetch_subject
 
+__all__ = ["AskFrame", "AskHandler", "AskRefused", "TaskFailed", "TaskRecord"]  # with MeshClient's own
+
 HEADROOM = 4096  # bytes of a message left for headers when deciding whether a body fits
 REPLY_GRACE_S = 2.0  # how long past its deadline a caller waits for the node's own 504
 FETCH_SILENCE_S = 30.0  # a result object's chunks stop coming for this long: the node is gone
 FRAMES_KEPT = 256  # interim frames kept per call until the caller's loop takes them; past it the oldest go
 
+log = logging.getLogger("mesh.client")
 _decode_progress = msgspec.json.Decoder(ProgressFrame).decode
 _decode_keepalive = msgspec.json.Decoder(KeepaliveFrame).decode
 _decode_ref = msgspec.json.Decoder(ObjectRef).decode
@@ -99,9 +105,10 @@ class _Waiter:
     """One call's replies. Keepalives (and frames the caller does not read) are taken in
     `_on_reply` as signs of life, without waking the caller: its wait's timer looks at `heard`."""
 
-    __slots__ = ("frames", "final", "wake", "heard", "silence", "wants_progress")
+    __slots__ = ("frames", "final", "wake", "heard", "silence", "wants_progress", "answers")
 
-    def __init__(self, now: float, silence: float | None) -> None:
+    def __init__(self, now: float, silence: float | None, answers: bool = False) -> None:
+        self.answers = answers  # ask frames are kept for the caller's handler
         self.frames: collections.deque[Msg] = collections.deque(maxlen=FRAMES_KEPT)
         self.final: Msg | None = None
         self.wake: asyncio.Future[None] | None = None  # while the caller waits for the next message
@@ -118,7 +125,7 @@ def _wake_up(wake: asyncio.Future[None] | None) -> None:
         wake.set_result(None)
 
 
-class MeshClient:
+class MeshClient(TaskCalls):
     """Calls tools over one NATS connection; many calls may be in flight at once.
 
     `keepalive_s`: the node's keepalive interval assumed until its first keepalive says it.
@@ -160,7 +167,10 @@ class MeshClient:
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         pass  # a frame this client does not understand is not the call's end
                 return
-            if kind != FRAME_PROGRESS or not waiter.wants_progress:
+            if kind == FRAME_ASK:
+                if not waiter.answers:
+                    return  # the node does not send one unasked; nothing to do with it
+            elif kind != FRAME_PROGRESS or not waiter.wants_progress:
                 return  # still a sign of life
             waiter.frames.append(msg)
         else:
@@ -178,8 +188,13 @@ class MeshClient:
         traceparent: str | None = None,
         tracestate: str | None = None,
         person: Person | None = None,
+        on_ask: AskHandler | None = None,
     ) -> bytes:
         """The CallToolResult's JSON bytes, or a CallError; cancelling the awaiting task cancels the call.
+
+        `on_ask`: this caller answers the tool's requests (an elicitation, sampling, roots): the handler
+        gets each ask and returns its result (raises AskRefused to answer with an error); without it
+        the tool learns at once that its caller cannot answer.
 
         `traceparent`/`tracestate`: the caller's W3C trace context, passed on as NATS headers (a node
         that traces continues it); without one, the call starts a trace of its own. `person`: the
@@ -196,15 +211,17 @@ class MeshClient:
             headers[PERSON] = encode_person(person)
         if on_progress is not None:
             headers[PROGRESS] = "1"
+        if on_ask is not None:
+            headers[ANSWERS] = "1"
         if len(body) > (limit := (self.nc.max_payload or 1024 * 1024) - HEADROOM):
             headers[REQUEST_OBJECT] = await self._put_request(subject, body, limit)
             body = b""
         reply = await self._inbox()
         silence = 3 * self.keepalive_s if on_progress is not None else None
-        waiter = self._waiters[reply] = _Waiter(asyncio.get_running_loop().time(), silence)
+        waiter = self._waiters[reply] = _Waiter(asyncio.get_running_loop().time(), silence, on_ask is not None)
         try:
             await self.nc.publish(subject, body, reply=reply, headers=headers)
-            final = await self._wait(subject, waiter, timeout_s, on_progress)
+            final = await self._wait(subject, waiter, timeout_s, on_progress, on_ask, person)
         except BaseException:
             # Cancelled, timed out or the node went silent: the node stops the call in its child.
             with anyio.CancelScope(shield=True):
@@ -236,7 +253,13 @@ class MeshClient:
             pass
 
     async def _wait(
-        self, subject: str, waiter: _Waiter, timeout_s: float, on_progress: Callable[[ProgressFrame], None] | None
+        self,
+        subject: str,
+        waiter: _Waiter,
+        timeout_s: float,
+        on_progress: Callable[[ProgressFrame], None] | None,
+        on_ask: AskHandler | None = None,
+        person: Person | None = None,
     ) -> Msg:
         # nats-py is asyncio's, and so is this wait: a future and a timer handle per wait (an anyio
         # cancel scope and Event cost about 15 us a call, on the face's hot path). A cancel of the
@@ -247,6 +270,10 @@ class MeshClient:
         while True:
             while waiter.frames:
                 frame = waiter.frames.popleft()
+                if on_ask is not None and (frame.headers or {}).get(FRAME) == FRAME_ASK:
+                    await self._ask(subject, frame, on_ask, person)
+                    waiter.heard = loop_time()  # the time the caller took to answer is not the node's silence
+                    continue
                 if on_progress is not None:
                     try:
                         on_progress(_decode_progress(frame.data))
@@ -273,6 +300,19 @@ class MeshClient:
             finally:
                 timer.cancel()
                 waiter.wake = None
+
+    async def _ask(self, subject: str, frame: Msg, on_ask: AskHandler, person: Person | None) -> None:
+        try:
+            ask = decode_ask(frame.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return  # not an ask this client understands; the call's end answers the child
+        try:
+            await self._answer_with(on_ask, ask, person)
+        except (CallError, nats.errors.Error) as e:  # the ask ended (its call did): the final reply says how
+            log.info("%s: the answer to ask %d was not taken: %s", subject, ask.ask, e)
+
+    def _refused(self, subject: str, msg: Msg) -> Exception:
+        return _refused_error(subject, msg)
 
     async def _result(self, subject: str, msg: Msg) -> bytes:
         headers = msg.headers or {}

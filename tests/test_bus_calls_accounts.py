@@ -29,7 +29,7 @@ accounts {
   MESH {
     jetstream: enabled
     # The node may not publish calls itself: inside MESH no client could then write a stamp.
-    users [{user: node, password: nodepw, permissions: {publish: {deny: ["mesh.tool.>", "mesh.seat.>", "mesh.cancel.*", "mesh.fetch.>"]}}}]
+    users [{user: node, password: nodepw, permissions: {publish: {deny: ["mesh.tool.>", "mesh.seat.>", "mesh.cancel.*", "mesh.fetch.>", "mesh.answer.>", "mesh.task.*"]}}}]
     exports [
       {service: "mesh.tool.>", response_type: stream, response_threshold: "10m"}
       {service: "mesh.cancel.*"}

@@ -1,8 +1,9 @@
 """The bus side of caller identity: a mesh account for the nodes, an account per caller.
 
 The mesh account exports the mesh's services (docs/bus.md, "Accounts"): `mesh.tool.>` and
-`mesh.seat.>` with several replies per request (progress frames), `mesh.cancel.*`, and
-`mesh.fetch.>` (result objects, in chunks); each caller account imports them all with
+`mesh.seat.>` with several replies per request (progress frames), `mesh.cancel.*`,
+`mesh.fetch.>` (result objects, in chunks), `mesh.answer.>` (answers to a call's asks) and
+`mesh.task.*` (detached calls' tasks); each caller account imports them all with
 `share: true`, so the server stamps every request from it with `Nats-Request-Info` (see
 runtime/wire/identity.py). The mesh account's users may not publish on those subjects
 themselves: inside one account the server passes a client's stamp as written, so no call may
@@ -39,6 +40,7 @@ from runtime.config import (
     CallerAccount,
     reserved_problem,
 )
+from runtime.wire.asking import ANSWER_PREFIX, TASK_PREFIX
 from runtime.wire.control import CallerRow
 from runtime.wire.identity import DELEGATE_VIAS, Via
 from runtime.wire.subjects import CANCEL_PREFIX, FETCH_PREFIX, SEAT_PREFIX, TOOL_PREFIX
@@ -50,6 +52,10 @@ MESH_EXPORTS = (
     ("mesh.seat.>", 'response_type: stream, response_threshold: "10m"'),
     ("mesh.cancel.*", ""),
     ("mesh.fetch.>", "response_type: stream"),
+    # A caller's answers to its calls' asks, and its detached calls (runtime/wire/asking.py): each
+    # request crosses the import stamped, so the node takes it only from the call's own account.
+    ("mesh.answer.>", ""),
+    ("mesh.task.*", 'response_threshold: "2m"'),
     # The tool list for callers' MCP faces (`meshctl mcp`): every node answers one INFO request.
     ("$SRV.INFO.mesh-node", "response_type: stream"),
     # The catalogue, read whole (batched direct gets of its one stream; runtime/bus/catalog.py): read-only.
@@ -65,7 +71,14 @@ CONSOLE_EXPORTS = (
     ("mesh.node.*.restart", "", True),
 )
 # What no user of the mesh account may publish: every subject the node reads a caller stamp on.
-MESH_DENIED = (TOOL_PREFIX + ">", SEAT_PREFIX + ">", CANCEL_PREFIX + "*", FETCH_PREFIX + ">")
+MESH_DENIED = (
+    TOOL_PREFIX + ">",
+    SEAT_PREFIX + ">",
+    CANCEL_PREFIX + "*",
+    FETCH_PREFIX + ">",
+    ANSWER_PREFIX + ">",
+    TASK_PREFIX + "*",
+)
 SECRET_FILE_MODE = 0o600
 CALLERS_FILE = "callers.json"
 

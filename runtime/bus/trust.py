@@ -21,7 +21,7 @@ from nats.aio.client import Client
 USER_INFO = "$SYS.REQ.USER.INFO"
 NO_ACCOUNTS = "$G"  # the account of every client on a server without accounts
 # Where the node reads a caller stamp: calls, their cancels and result objects read back.
-GUARDED = ("mesh.tool.>", "mesh.seat.>", "mesh.cancel.*", "mesh.fetch.>")
+GUARDED = ("mesh.tool.>", "mesh.seat.>", "mesh.cancel.*", "mesh.fetch.>", "mesh.answer.>", "mesh.task.*")
 
 
 @dataclass(frozen=True)

@@ -13,30 +13,33 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-import anyio
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from launcher.session import Session
+from runtime.calls.asking import ASK_REFUSED, CANNOT_ASK, Asking, CallAsks
+from runtime.calls.identity import CallerStamp
 from runtime.calls.objects import ObjectHandoff
+from runtime.calls.progress import FRAMES_WAITING as FRAMES_WAITING
+from runtime.calls.progress import Progress
+from runtime.calls.tasks import TaskStore
+from runtime.wire.asking import ASK_METHODS, CALL_REF, TASKS_BUCKET
 from runtime.wire.callproto import (
-    FRAME,
-    FRAME_KEEPALIVE,
-    FRAME_PROGRESS,
     MAX_MESSAGE,
     MAX_REASON,
     CallOptions,
     CancelBody,
-    KeepaliveFrame,
     ProgressFrame,
     parse_headers,
     request_account,
     valid_call_id,
 )
 from runtime.wire.errors import BadRequest
+from runtime.wire.identity import local_caller
 from runtime.wire.subjects import CANCEL_PREFIX, FETCH_PREFIX
 
 log = logging.getLogger("mesh.calls")
@@ -45,7 +48,6 @@ T = TypeVar("T")
 
 EARLY_CANCELS = 1024  # ids remembered for a request that may still come; the oldest go first
 EARLY_CANCEL_S = 30.0
-FRAMES_WAITING = 256  # progress frames waiting to be published per call; past it the oldest go
 
 _encode = msgspec.json.Encoder().encode
 _decode_cancel = msgspec.json.Decoder(CancelBody).decode
@@ -58,6 +60,9 @@ class CallSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     object_bucket: str = "mesh-calls"
     object_ttl_s: float = 600.0
     object_cap_bytes: int = 64 * 1024 * 1024
+    tasks_bucket: str = TASKS_BUCKET  # detached calls (runtime/calls/tasks.py), made at the first one
+    tasks_ttl_s: float = 24 * 3600.0
+    tasks_max_bytes: int = 256 * 1024 * 1024
 
 
 class _ProgressParams(msgspec.Struct):
@@ -70,110 +75,10 @@ class _ProgressParams(msgspec.Struct):
 _decode_progress = msgspec.json.Decoder(_ProgressParams).decode
 
 
-class Progress:
-    """One call's progress frames to its reply subject, in order, with keepalives between them.
-
-    The first keepalive goes at once (docs/bus.md); after it a timer handle, not a task, waits for
-    the next one, and a publishing task runs only while there are frames or a keepalive to send:
-    every face call asks for progress, and a task group with a pump task per call cost the node
-    about 100 us a call (most calls end long before their first frame or second keepalive).
-    """
-
-    def __init__(self, nc: Client, reply: str, keepalive_s: float, owner: object, desk: CallDesk | None = None) -> None:
-        self.nc, self.reply, self.keepalive_s, self.owner = nc, reply, keepalive_s, owner
-        self.desk = desk  # counts the frames sent (metrics)
-        self.frames: collections.deque[bytes] = collections.deque(maxlen=FRAMES_WAITING)
-        self.dropped = 0
-        self.stopped = False  # the call was cancelled: nothing more goes to its caller
-        self._started = time.monotonic()
-        self._open = False  # while `during` runs: frames are published as they come
-        self._keepalive_due = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._publisher: asyncio.Task[None] | None = None  # owned by `during`: awaited before it returns
-
-    def add(self, frame: ProgressFrame) -> None:
-        if len(self.frames) == FRAMES_WAITING:
-            self.dropped += 1
-        self.frames.append(_encode(frame))
-        self._publish_soon()
-
-    async def during(self, work: Awaitable[T]) -> T:
-        """Await `work` while frames are published; what is still waiting goes out before it returns.
-
-        An error of `work` comes out as itself.
-        """
-        self._open = True
-        # The first keepalive at once: the caller learns a node has its call, and the interval to expect.
-        await self._keepalive()
-        self._arm()
-        if self.frames:
-            self._publish_soon()
-        try:
-            return await work
-        finally:
-            self._open = False
-            if self._timer is not None:
-                self._timer.cancel()
-            with anyio.CancelScope(shield=True):
-                if self._publisher is not None and not self._publisher.done():
-                    await asyncio.wait([self._publisher])
-                await self._flush()
-            if self.dropped:
-                log.warning(
-                    "%d progress frames to %s dropped: more than %d were waiting",
-                    self.dropped,
-                    self.reply,
-                    FRAMES_WAITING,
-                )
-
-    def _arm(self) -> None:
-        """The next keepalive, after `keepalive_s` without another frame."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(self.keepalive_s, self._keepalive_now)
-
-    def _keepalive_now(self) -> None:
-        self._keepalive_due = True
-        self._publish_soon()
-
-    def _publish_soon(self) -> None:
-        if self._open and (self._publisher is None or self._publisher.done()):
-            self._publisher = asyncio.get_running_loop().create_task(self._publish_due())
-
-    async def _publish_due(self) -> None:
-        # Until nothing is due: a frame added while this publishes is sent by this same task.
-        while self._open and (self.frames or self._keepalive_due):
-            if self.frames:
-                await self._flush()
-            else:
-                self._keepalive_due = False
-                await self._keepalive()
-            self._arm()
-
-    async def _keepalive(self) -> None:
-        elapsed = int((time.monotonic() - self._started) * 1000)
-        frame = KeepaliveFrame(elapsed_ms=elapsed, interval_ms=int(self.keepalive_s * 1000))
-        await self._publish(_encode(frame), FRAME_KEEPALIVE)
-
-    async def _flush(self) -> None:
-        while self.frames:
-            await self._publish(self.frames.popleft(), FRAME_PROGRESS)
-            if self.desk is not None:
-                self.desk.progress_frames += 1
-
-    async def _publish(self, body: bytes, kind: str) -> None:
-        if self.stopped:
-            return
-        try:
-            await self.nc.publish(self.reply, body, headers={FRAME: kind})
-        except Exception as e:  # the bus is gone: the final reply will say nothing either
-            log.debug("progress frame to %s not sent: %s", self.reply, e)
-
-
 class OpenCall:
     """A call with options, from its request to its answer (or its cancel)."""
 
-    __slots__ = ("options", "progress", "token", "task", "cancelled")
+    __slots__ = ("options", "progress", "token", "task", "cancelled", "asks", "ref", "task_key")
 
     def __init__(self, options: CallOptions) -> None:
         self.options = options
@@ -181,11 +86,15 @@ class OpenCall:
         self.token = 0  # the progressToken the child gets (call_meta); 0: none
         self.task: asyncio.Task[None] | None = None
         self.cancelled = False  # by its caller: no further answer
+        self.asks: CallAsks | None = None  # its caller answers a child's requests (runtime/calls/asking.py)
+        self.ref = 0  # _meta["mesh/call"] of an answering call: a child's requests name it; 0: none
+        self.task_key: str | None = None  # a detached call's record (runtime/calls/tasks.py)
 
     @property
     def begins_now(self) -> bool:
-        """Whether `start` may write it to its child at once: not cancelled, its arguments not in the store."""
-        return not (self.cancelled or self.options.request_object)
+        """Whether `start` may write it to its child at once: not cancelled, its arguments not in the store,
+        not detached (its task record is written first)."""
+        return not (self.cancelled or self.options.request_object or self.options.detached)
 
     def cancel(self, reason: str) -> None:
         if self.cancelled:
@@ -202,22 +111,42 @@ class OpenCall:
 
 def call_meta(base: bytes, call: OpenCall | None) -> bytes:
     """A tools/call's `params._meta`: `base` (a JSON object, e.g. the caller's identity; empty: none)
-    with the call's progress token added when its caller asked for progress."""
-    if call is None or not call.token:
+    with the call's progress token added when its caller asked for progress, and its call reference
+    when its caller answers."""
+    if call is None or not (call.token or call.ref):
         return base
-    token = b'"progressToken":%d' % call.token
-    if not base:
-        return b"{" + token + b"}"
-    return base[:-1] + b"," + token + b"}" if base != b"{}" else b"{" + token + b"}"
+    fields = b'"progressToken":%d' % call.token if call.token else b""
+    if call.ref:
+        fields += (b"," if fields else b"") + b'"%s":%d' % (CALL_REF.encode(), call.ref)
+    if not base or base == b"{}":
+        return b"{" + fields + b"}"
+    return base[:-1] + b"," + fields + b"}"
 
 
 class CallDesk:
     """Calls with options in flight on this node, and the cancels and progress that reach them."""
 
-    def __init__(self, nc: Client, settings: CallSettings) -> None:
+    def __init__(
+        self, nc: Client, settings: CallSettings, node: str = "node", stamp: CallerStamp | None = None
+    ) -> None:
         self.nc = nc
         self.settings = settings
         self.objects = ObjectHandoff(nc, settings.object_bucket, settings.object_ttl_s, settings.object_cap_bytes)
+        self.asking = Asking(nc, node)
+        self.tasks = TaskStore(
+            nc,
+            node,
+            stamp or CallerStamp(local_caller(None)),
+            self.objects,
+            settings.tasks_bucket,
+            settings.tasks_ttl_s,
+            settings.tasks_max_bytes,
+            self.cancel_local,
+        )
+        self.asking.record_ask = self.tasks.record_ask
+        self._by_ref: dict[int, OpenCall] = {}
+        self._answering: dict[object, set[OpenCall]] = {}  # bundle runner -> its answering calls in flight
+        self._next_ref = 0
         # Mesh-Call-Id -> the caller's account -> its call: ids are each account's own, so one
         # caller's id (leaked, or chosen badly) never refuses or cancels another's call.
         self.open_calls: dict[str, dict[str | None, OpenCall]] = {}
@@ -236,11 +165,15 @@ class CallDesk:
             # Any one node reads a result object back for its caller (the store is the mesh's).
             await self.nc.subscribe(FETCH_PREFIX + ">", queue=queue_group, cb=self.objects.serve_fetch),
         ]
+        await self.asking.start()
+        await self.tasks.start(queue_group)
 
     async def stop(self) -> None:
         for sub in self._subs:
             await sub.unsubscribe()
         self._subs = []
+        await self.asking.stop()
+        await self.tasks.stop()
 
     # --- a request ---------------------------------------------------------------------
     def open(self, msg: Msg, owner: object) -> OpenCall | None:
@@ -267,12 +200,17 @@ class CallDesk:
             if same_id is None:
                 same_id = self.open_calls[call_id] = {}
             same_id[account] = call
-        if options.progress and msg.reply:
+        on = msg._client if msg._client is not None else self.nc
+        if options.answers and call_id is not None and (msg.reply or options.detached):
+            call.asks = CallAsks(call_id, account, options.person, msg.reply, on, options.detached)
+            self._next_ref += 1
+            call.ref = self._next_ref
+            self._by_ref[call.ref] = call
+        if options.progress and msg.reply and not options.detached:
             self._next_token += 1
             call.token = self._next_token
             # Frames on the connection the final reply takes (the request's own, calls/dispatch.py):
             # one connection keeps them in order, and none comes after the reply.
-            on = msg._client if msg._client is not None else self.nc
             call.progress = Progress(on, msg.reply, self.settings.keepalive_s, owner, self)
             self._by_token[call.token] = call
         return call
@@ -286,6 +224,70 @@ class CallDesk:
                 del self.open_calls[call_id]
         if call.token:
             self._by_token.pop(call.token, None)
+        if call.asks is not None:
+            self.asking.end(call.asks)
+            self._by_ref.pop(call.ref, None)
+            mine = self._answering.get(call.asks.owner)
+            if mine is not None:
+                mine.discard(call)
+                if not mine:
+                    del self._answering[call.asks.owner]
+
+    def begun(self, call: OpenCall, owner: object) -> None:
+        """The call went to `owner`'s child: a request of that child without a call reference may be its."""
+        if call.asks is not None and call.asks.owner is None:
+            call.asks.owner = owner
+            self._answering.setdefault(owner, set()).add(call)
+
+    def ask(self, owner: object, session: Session, rid: int | str, method: str, params: msgspec.Raw) -> bool:
+        """A child's own request: passed to the caller of the call it belongs to, or refused at once."""
+        if method not in ASK_METHODS:
+            return False
+        ref = _call_ref(params)
+        if ref is not None:
+            call = self._by_ref.get(ref)
+            if call is None or call.asks is None or call.asks.owner is not owner:
+                self.asking.refuse(
+                    session,
+                    rid,
+                    ASK_REFUSED,
+                    f"{method} names call {ref} (_meta {CALL_REF}): no such call is in flight here",
+                )
+                return True
+        else:
+            mine = self._answering.get(owner)
+            if not mine:
+                self.asking.refuse(
+                    session,
+                    rid,
+                    CANNOT_ASK,
+                    f"{method}: the caller of this call cannot answer it (its request did not say Mesh-Answers: 1); "
+                    "go on without the answer, or fail saying what the tool needed",
+                )
+                return True
+            if len(mine) > 1 or session.in_flight > 1:
+                self.asking.refuse(
+                    session,
+                    rid,
+                    ASK_REFUSED,
+                    f"{method} names no call while {session.in_flight} are in flight on this child; copy "
+                    f"_meta[{CALL_REF!r}] of the tools/call it belongs to onto the request",
+                )
+                return True
+            call = next(iter(mine))
+        assert call.asks is not None
+        self.asking.ask(call.asks, session, rid, method, params)
+        return True
+
+    def cancel_local(self, call_id: str, account: str | None, reason: str) -> bool:
+        """Cancel a call of this node by id and account (a task's cancel, its owner already checked)."""
+        same_id = self.open_calls.get(call_id)
+        call = same_id.get(account) if same_id is not None else None
+        if call is None:
+            return False
+        self.cancels_honoured += 1
+        call.cancel(reason)
+        return True
 
     # --- from the bus and the children --------------------------------------------------
     async def _on_cancel(self, msg: Msg) -> None:
@@ -350,6 +352,25 @@ def _reason(data: bytes) -> str:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return default
     return reason[:MAX_REASON] if reason else default
+
+
+class _Meta(msgspec.Struct):
+    meta: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict, name="_meta")
+
+
+_decode_meta = msgspec.json.Decoder(_Meta).decode
+
+
+def _call_ref(params: msgspec.Raw) -> int | None:
+    """`_meta["mesh/call"]` of a child's request, when it names one (an integer)."""
+    if CALL_REF.encode() not in bytes(params):
+        return None
+    try:
+        raw = _decode_meta(params).meta.get(CALL_REF)
+        ref = msgspec.json.decode(raw) if raw is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return ref if isinstance(ref, int) and not isinstance(ref, bool) else None
 
 
 ProgressHook = Callable[[object, msgspec.Raw], None]

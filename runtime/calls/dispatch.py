@@ -156,6 +156,8 @@ class Dispatcher:
             raise wire_error(route, full, self.node)
         checked = _checked(route, a.msg.subject, data)
         deadline, timeout_ms = self.limits(a.arrived, route.bundle, a.call)
+        if a.call is not None and self.desk is not None:
+            self.desk.begun(a.call, route.bundle)  # a child's request naming no call may be this one's
         try:
             return route.bundle.begin(route.tool_json, checked, deadline, self._meta(a), timeout_ms)
         except LauncherError as e:
@@ -185,6 +187,8 @@ class Dispatcher:
             data = await self.desk.objects.take(route.subject, call.options.request_object)
         checked = _checked(route, route.subject, data)
         deadline, timeout_ms = self.limits(a.arrived, route.bundle, call)
+        if call is not None and self.desk is not None:
+            self.desk.begun(call, route.bundle)
         if a.span is not None:
             a.span.waiting("slot")
         try:
@@ -201,6 +205,8 @@ class Dispatcher:
         caller's shorter Mesh-Timeout-Ms."""
         cap = bundle.spec.timeout_ms
         timeout_ms = cap if call is None else call.options.timeout_for(cap)
+        if call is not None and call.asks is not None:
+            call.asks.deadline = arrived + timeout_ms / 1000  # an ask's answer may come until then
         return arrived + timeout_ms / 1000, timeout_ms
 
     def _meta(self, a: Arrival) -> bytes:
@@ -231,17 +237,26 @@ class Dispatcher:
         call = a.call
         body = b""
         headers: dict[str, str] | None = None
+        call_task: str | None = None
         try:
             if error is not None or (call is not None and call.cancelled):
                 pass  # refused at its arrival, or cancelled before it came (never begun, not answered)
             else:
+                if call is not None and call.options.detached and self.desk is not None:
+                    assert call.options.call_id is not None  # parse_headers requires it
+                    call.task_key = await self.desk.tasks.open(
+                        call.options.call_id, a.msg.subject, a.msg, call.options.person
+                    )
+                    if call.asks is not None:
+                        call.asks.task_key = call.task_key
                 work = self._run(a, route, pending)
                 if call is not None and call.progress is not None:  # frames also while it waits for its bundle
                     served, body = await call.progress.during(work)
                 else:
                     served, body = await work
                 route = served
-                if len(body) > self.max_payload and a.msg.reply:  # nobody to fetch it without a reply subject
+                call_task = call.task_key if call is not None else None
+                if len(body) > self.max_payload and a.msg.reply and call_task is None:  # a task parks its own
                     body, headers = await self._park(a.msg, served, body)
         except NodeError as e:
             error = e
@@ -282,7 +297,10 @@ class Dispatcher:
         try:
             if call is not None and self.desk is not None:
                 self.desk.close(call)  # from here a cancel finds nothing to cancel
-            if call is None or not call.cancelled:
+            if call is not None and call.task_key is not None and self.desk is not None:
+                # A detached call: its caller had its task; the end goes into the task's record.
+                await self.desk.tasks.settle(call.task_key, body, error, call.cancelled)
+            elif call is None or not call.cancelled:
                 await self._reply(a.msg, body, error, headers)
         finally:
             elapsed = time.perf_counter_ns() - a.started

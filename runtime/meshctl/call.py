@@ -13,9 +13,12 @@ import sys
 from typing import Any, TextIO
 
 import anyio
+import msgspec
 from nats.aio.client import Client
 
-from runtime.client import CallError, MeshClient, NodeRefused
+from runtime.client import AskFrame, AskRefused, CallError, MeshClient, NodeRefused
+from runtime.client_tasks import AskHandler, ask_text
+from runtime.meshctl.errors import MeshError
 from runtime.wire.callproto import ProgressFrame
 from toolchains.progress import LiveLine
 
@@ -57,7 +60,99 @@ def ways_out(body: dict[str, Any]) -> list[str]:
     return ["".join(c for c in way[:500] if c.isprintable()) for way in found[:10] if isinstance(way, str)]
 
 
-async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_json: bool) -> int:
+class Answers:
+    """A tool's asks answered: from a file of answers in order (`--answers FILE`), or on the terminal.
+
+    The file holds a JSON list; each item is an ElicitResult (`{"action": "accept", "content": {...}}`,
+    `{"action": "decline"}`) or, as a shorthand, the content object of an accept. Sampling and roots
+    are refused: meshctl has no model and offers no roots.
+    """
+
+    def __init__(self, given: list[Any] | None, out: TextIO) -> None:
+        self.given, self.out, self.used = given, out, 0
+
+    @classmethod
+    def from_file(cls, path: str, out: TextIO) -> Answers:
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())  # noqa: SIM115 (read whole, closed at once)
+        except (OSError, ValueError) as e:
+            raise MeshError(f"--answers {path}: not a readable JSON file ({e}); give a JSON list of answers") from None
+        if not isinstance(data, list) or not all(isinstance(a, dict) for a in data):
+            raise MeshError(
+                f'--answers {path}: must be a JSON list of objects, e.g. [{{"ok": true}}, {{"action": "decline"}}]'
+            )
+        return cls(data, out)
+
+    async def __call__(self, frame: AskFrame) -> dict[str, Any]:
+        if frame.method != "elicitation/create":
+            raise AskRefused(
+                f"meshctl call does not answer {frame.method}: it has no model and offers no roots", -32601
+            )
+        params = ask_text(frame)
+        message = str(params.get("message", ""))[:2000]
+        print(f"the tool asks: {message}", file=self.out, flush=True)
+        if self.given is not None:
+            if self.used >= len(self.given):
+                print("meshctl: --answers has no answer left; declining", file=self.out)
+                return {"action": "decline"}
+            answer = self.given[self.used]
+            self.used += 1
+            return (
+                answer
+                if answer.get("action") in ("accept", "decline", "cancel")
+                else {"action": "accept", "content": answer}
+            )
+        return await anyio.to_thread.run_sync(self._prompt, params)
+
+    def _prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        if params.get("mode") == "url":
+            print(f"open {str(params.get('url', ''))[:2000]}", file=self.out, flush=True)
+            return {"action": "accept" if _ask("done? [y/N] ").lower().startswith("y") else "decline"}
+        schema = params.get("requestedSchema") or {}
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        required = set(schema.get("required") or []) if isinstance(schema, dict) else set()
+        content: dict[str, Any] = {}
+        print("(answer each field; !decline or !cancel ends the form)", file=self.out, flush=True)
+        for name, spec in (props or {}).items():
+            spec = spec if isinstance(spec, dict) else {}
+            kind = spec.get("type", "string")
+            hint = f" {spec['description'][:200]}" if isinstance(spec.get("description"), str) else ""
+            choices = f" {spec['enum']}" if isinstance(spec.get("enum"), list) else ""
+            while True:
+                text = _ask(f"{name} ({kind}){choices}{hint}: ").strip()
+                if text in ("!decline", "!cancel"):
+                    return {"action": text[1:]}
+                if not text and name not in required:
+                    break
+                value = _typed(kind, text)
+                if value is not None:
+                    content[name] = value
+                    break
+                print(f"  {name} takes a {kind}", file=self.out, flush=True)
+        return {"action": "accept", "content": content}
+
+
+def _ask(prompt: str) -> str:
+    try:
+        return input(prompt)
+    except EOFError:
+        return "!cancel"
+
+
+def _typed(kind: str, text: str) -> Any:
+    if kind == "boolean":
+        return {"y": True, "yes": True, "true": True, "n": False, "no": False, "false": False}.get(text.lower())
+    if kind in ("number", "integer"):
+        try:
+            return int(text) if kind == "integer" else float(text)
+        except ValueError:
+            return None
+    return text or None
+
+
+async def run_call(
+    nc: Client, subject: str, body: bytes, timeout_s: float, as_json: bool, answers: AskHandler | None = None
+) -> int:
     """Call, print the result; the exit code (0 ok, 1 failed, 130 cancelled by Ctrl-C)."""
     view = ProgressView(sys.stderr)
     caller = MeshClient(nc)
@@ -85,6 +180,7 @@ async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_j
                 # A script's own trace (W3C's environment carrier), else the call starts one.
                 traceparent=os.environ.get("TRACEPARENT"),
                 tracestate=os.environ.get("TRACESTATE"),
+                on_ask=answers,
             )
         except CallError as e:
             error = e
@@ -112,3 +208,39 @@ async def run_call(nc: Client, subject: str, body: bytes, timeout_s: float, as_j
     if result.get("structuredContent") is not None:
         print(json.dumps(result["structuredContent"], indent=2))
     return 1 if result.get("isError") else 0
+
+
+async def run_detached(nc: Client, subject: str, body: bytes, timeout_s: float, wait_s: float) -> int:
+    """A detached call: its task printed as JSON (after `wait_s` of waiting for its end, when given)."""
+    caller = MeshClient(nc)
+    try:
+        record = await caller.start(subject, body, timeout_s=timeout_s)
+        if wait_s > 0:
+            record = await caller.task_result(record.task, wait_s=wait_s)
+    except CallError as e:
+        print(f"meshctl: {e.code} {e.message}", file=sys.stderr)
+        return 1
+    print(msgspec.json.encode(record).decode())
+    return 0 if record.state in ("working", "input_required", "completed") else 1
+
+
+async def run_task(nc: Client, action: str, task: str | None, wait_s: float) -> int:
+    """`meshctl task get|result|list|cancel`: one task verb, its answer printed as JSON."""
+    caller = MeshClient(nc)
+    try:
+        if action == "list":
+            print(msgspec.json.encode(await caller.tasks()).decode())
+            return 0
+        if task is None:
+            raise MeshError(f"meshctl task {action} needs a task id (meshctl task list shows yours)")
+        if action == "get":
+            record = await caller.task(task)
+        elif action == "cancel":
+            record = await caller.cancel(task)
+        else:
+            record = await caller.task_result(task, wait_s=wait_s)
+    except CallError as e:
+        print(f"meshctl: {e.code} {e.message}", file=sys.stderr)
+        return 1
+    print(msgspec.json.encode(record).decode())
+    return 0

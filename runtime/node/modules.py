@@ -17,6 +17,7 @@ from nats.aio.client import Client
 
 from launcher.bundle import BundleRunner, RunnerEvents
 from launcher.reaper import Reaper
+from launcher.session import Session
 from launcher.status import BundleStatus
 from manifests import BundleManifest
 from runtime.bus.service_api import ServiceApi
@@ -77,6 +78,9 @@ class ModuleHost(RunnerEvents):
     def progress(self, runner: BundleRunner, params: msgspec.Raw) -> None:
         if self._wiring is not None:
             self._wiring.desk.progress(runner, params)
+
+    def ask(self, runner: BundleRunner, session: Session, rid: int | str, method: str, params: msgspec.Raw) -> bool:
+        return self._wiring is not None and self._wiring.desk.ask(runner, session, rid, method, params)
 
     # --- the seats' host (SeatsHost) -----------------------------------------------------------
     async def serve(self, subject: str) -> None:

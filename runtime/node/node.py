@@ -275,13 +275,13 @@ class Node:
         return listed
 
     def _serving(self, nc: Client, nats_cfg: NatsConfig, modules: ModuleHost, trust: BusTrust) -> Serving:
-        desk = CallDesk(nc, self.config.calls)
         stamp = CallerStamp(
             local_caller(self.config.identity.local),
             self._delegates(),
             stamped=trust.stamped,
             operator=self._accounts.operator if self._accounts is not None else None,
         )
+        desk = CallDesk(nc, self.config.calls, self.name, stamp)
         tracing = Tracing.from_environment(self.name)  # None unless OTEL_TRACES_EXPORTER asks for traces
         dispatcher = Dispatcher(nc, modules.table, self.name, desk, stamp, tracing)
         service = ServiceApi(

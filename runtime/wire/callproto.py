@@ -22,8 +22,10 @@ CALL_ID = "Mesh-Call-Id"  # names the call, so its caller can cancel it on mesh.
 TIMEOUT_MS = "Mesh-Timeout-Ms"  # the caller's deadline; shortens the bundle's timeout, never lengthens it
 PROGRESS = "Mesh-Progress"  # "1": progress and keepalive frames on the reply subject
 REQUEST_OBJECT = "Mesh-Request-Object"  # the arguments are in this object of the calls bucket
+ANSWERS = "Mesh-Answers"  # "1": the caller answers a child's requests (ask frames, runtime/wire/asking.py)
+DETACHED = "Mesh-Detached"  # "1": answered at once with a task; the call runs on without its caller
 # PERSON (runtime/wire/identity.py): the person behind a delegate's call; read by the caller stamp.
-KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT, PERSON)
+KNOWN = (CALL_ID, TIMEOUT_MS, PROGRESS, REQUEST_OBJECT, ANSWERS, DETACHED, PERSON)
 
 
 # --- reply headers (node -> caller) ---------------------------------------------------------
@@ -83,6 +85,8 @@ class CallOptions(msgspec.Struct):
     request_object: str | None = None
     account: str | None = None
     person: str | None = None  # Mesh-Person as sent; the caller stamp decides whether it is believed
+    answers: bool = False  # Mesh-Answers: the caller answers ask frames
+    detached: bool = False  # Mesh-Detached: a task, answered at once
 
     def timeout_for(self, bundle_timeout_ms: int) -> int:
         """The call's deadline: the caller's when it is shorter, else the bundle's cap."""
@@ -170,6 +174,18 @@ def parse_headers(subject: str, headers: Mapping[str, str], has_body: bool) -> C
                 field=f"header {REQUEST_OBJECT}",
             )
         opts.request_object = value
+    for header in (ANSWERS, DETACHED):
+        if (value := found.get(header)) is not None and value != "1":
+            raise BadRequest(
+                subject, f"header {header} must be 1 or left out; got {value[:32]!r}", field=f"header {header}"
+            )
+    opts.answers, opts.detached = ANSWERS in found, DETACHED in found
+    for header, on, why in (
+        (DETACHED, opts.detached, "it is the task's id"),
+        (ANSWERS, opts.answers, "it names the answers"),
+    ):
+        if on and opts.call_id is None:
+            raise BadRequest(subject, f"a call with {header}: 1 needs a {CALL_ID}: {why}", field=f"header {CALL_ID}")
     opts.person = found.get(PERSON)
     try:
         opts.account = request_account(headers)

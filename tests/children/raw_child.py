@@ -6,7 +6,9 @@ garbage_flood (after the handshake: writes lines that are not JSON-RPC without p
 no ping). RAW_SINGLE=1: `sleep` runs on the one thread that reads stdin (a single-threaded child).
 RAW_EXIT_DELAY: seconds the child lingers after its stdin closes before it exits.
 Tools: echo, sleep, crash, big, add_tool, grandchild, pid, env, fail, remember, version, typed,
-mirror, whoami, trickle, hold, progress, meta (the call's params._meta, as the node sent it).
+mirror, whoami, trickle, hold, progress, meta (the call's params._meta, as the node sent it),
+confirm (asks its client with elicitation/create, copying _meta["mesh/call"]; its result's text is
+the response it got, as JSON).
 RAW_START_LOG: a file the child appends "<unix time> <pid>" to when it starts (restart spacing).
 RAW_CALL_LOG: a file the child appends "<unix time> started|cancelled|answered <request id> [reason]"
 to (the hold tool and every notifications/cancelled), so a test sees what reached the child and when.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -36,6 +39,7 @@ STATELESS = os.environ.get("RAW_ERA") == "stateless"
 MODERN = "2026-07-28"
 VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
 _out_lock = threading.Lock()
+_asks: dict[str, queue.Queue[dict]] = {}  # the child's own requests waiting for their responses
 _cancelled: set[object] = set()
 _extra_tools: list[dict] = []
 
@@ -92,6 +96,11 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"steps": {"type": "integer"}, "delay": {"type": "number"}}},
     },
     {
+        "name": "confirm",
+        "description": "Ask the user to confirm (elicitation/create), then say what they answered",
+        "inputSchema": {"type": "object", "properties": {"question": {"type": "string"}}},
+    },
+    {
         "name": "typed",
         "description": "A tool with a strict schema",
         "inputSchema": {
@@ -136,6 +145,26 @@ def text_result(text: str, structured: object = None, is_error: bool = False) ->
     if structured is not None:
         result["structuredContent"] = structured
     return result
+
+
+def confirm(rid: object, args: dict, meta: dict | None) -> None:
+    ask_id = f"confirm-{rid}"
+    waiting: queue.Queue[dict] = queue.Queue()
+    _asks[ask_id] = waiting
+    params: dict = {
+        "message": str(args.get("question", "Go on?")),
+        "requestedSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    }
+    if meta and "mesh/call" in meta:
+        params["_meta"] = {"mesh/call": meta["mesh/call"]}
+    send({"jsonrpc": "2.0", "id": ask_id, "method": "elicitation/create", "params": params})
+    try:
+        response = waiting.get(timeout=60)
+    except queue.Empty:
+        response = {"error": "no response within 60 s"}
+    _asks.pop(ask_id, None)
+    response.pop("jsonrpc", None)
+    send({"jsonrpc": "2.0", "id": rid, "result": text_result(json.dumps(response, sort_keys=True))})
 
 
 def call(rid: object, name: str, args: dict, meta: dict | None = None) -> None:
@@ -321,6 +350,9 @@ def main() -> None:
             if method == "ping":  # no ping in this revision
                 send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found: ping"}})
                 continue
+        if method is None and rid in _asks:
+            _asks[rid].put(msg)
+            continue
         if method == "initialize":
             if MODE == "no_init":
                 continue
@@ -367,6 +399,8 @@ def main() -> None:
                         "result": text_result(json.dumps(meta), {"_meta": meta, "arguments": args}),
                     }
                 )
+            elif name == "confirm":
+                threading.Thread(target=confirm, args=(rid, args, params.get("_meta")), daemon=True).start()
             elif name in ("sleep", "trickle", "hold", "progress") and not os.environ.get("RAW_SINGLE"):
                 threading.Thread(target=call, args=(rid, name, args, params.get("_meta")), daemon=True).start()
             else:

@@ -8,7 +8,12 @@ over real stdio against a child that has three fixture tools:
   cancelled (at most ~30 s), then appends "cancelled" (the side channel; its result must never
   be sent);
 - `count` `{"steps": n}`: sends n progress notifications (progress i, total n, message
-  "step i"), then returns "counted n".
+  "step i"), then returns "counted n";
+- `confirm` `{"question": q}`: elicits (sdk/COMMON.md, "Asking") with message q and the schema
+  `{"ok": boolean}` (required), copying the call's `_meta["mesh/call"]`; returns "ok=true" /
+  "ok=false", "declined" or "cancelled"; a JSON-RPC error answer is an isError result naming it.
+  An SDK whose library cannot elicit says so in its README and its test module skips this one
+  check loudly.
 
 One set of checks for every language, so the SDKs cannot drift apart: a test module gives a
 `contract` fixture (a `serving(...)` Wire on its SDK's fixture bundle) and subclasses
@@ -114,6 +119,20 @@ class Wire:
                 return msg, before
             before.append(msg)
 
+    def request(self, timeout: float = 15) -> dict[str, Any]:
+        """The next request the child sends its client (a message with a method and an id)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the child sent no request within {timeout}s") from None
+            assert line, "child closed stdout before sending its request"
+            msg = json.loads(line)
+            self.seen.append(msg)
+            if "method" in msg and "id" in msg:
+                return msg
+
     def initialize(self) -> None:
         self.send(
             {
@@ -121,7 +140,8 @@ class Wire:
                 "method": "initialize",
                 "params": {
                     "protocolVersion": "2025-11-25",
-                    "capabilities": {},
+                    # As the node offers (launcher/session.py): a library may refuse to elicit otherwise.
+                    "capabilities": {"elicitation": {"form": {}, "url": {}}},
                     "clientInfo": {"name": "test", "version": "0"},
                 },
             }
@@ -238,6 +258,28 @@ def serving(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None
     assert client.close() == 0
 
 
+def check_ask(wire: Wire) -> None:
+    """An elicitation goes to the client carrying the call's `mesh/call`; the answer reaches the handler."""
+    answers = (({"action": "accept", "content": {"ok": True}}, "ok=true"), ({"action": "decline"}, "declined"))
+    for n, (answer, said) in enumerate(answers):
+        wire.call(60 + n, "confirm", {"question": "Ship it?"}, {"mesh/call": 7 + n})
+        ask = wire.request()
+        params = ask["params"]
+        assert ask["method"] == "elicitation/create" and params["message"] == "Ship it?", ask
+        assert (params.get("_meta") or {}).get("mesh/call") == 7 + n, f"the call reference was not copied: {ask}"
+        assert params["requestedSchema"]["properties"]["ok"]["type"] == "boolean", ask
+        wire.send({"id": ask["id"], "result": answer})
+        reply, _ = wire.until(60 + n)
+        assert reply["result"]["content"][0]["text"] == said, reply
+    wire.call(70, "confirm", {"question": "?"}, {"mesh/call": 9})
+    ask = wire.request()
+    wire.send({"id": ask["id"], "error": {"code": -32601, "message": "the caller of this call cannot answer it"}})
+    reply, _ = wire.until(70)
+    assert "cannot answer" in json.dumps(reply), reply  # an error result or a JSON-RPC error naming it
+    wire.send({"id": "alive", "method": "ping"})
+    assert wire.until("alive")[0]["result"] == {}
+
+
 class CallContractTests:
     """The contract's tests, collected in each test module that subclasses this as `Test...`."""
 
@@ -252,3 +294,6 @@ class CallContractTests:
 
     def test_progress_arrives_in_order_with_the_token(self, contract: Wire) -> None:
         check_progress(contract)
+
+    def test_an_elicitation_carries_the_call_and_its_answer_reaches_the_handler(self, contract: Wire) -> None:
+        check_ask(contract)

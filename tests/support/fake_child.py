@@ -44,6 +44,10 @@ class Behaviour:
     handshake_after: float = 0.0  # the handshake's answers come this late (a slow start)
     handshake_gate: asyncio.Future[None] | None = None  # ...or only once the test completes this (a start it ends)
     progress: int = 0  # notifications/progress 1..n (with the call's token, if it has one) as a call arrives
+    # A tools/call first sends its client this request (e.g. ("elicitation/create", {...})), copying the
+    # call's _meta["mesh/call"] unless `ask_ref` is False; the call's result is the text of the response.
+    ask: tuple[str, dict[str, Any]] | None = None
+    ask_ref: bool = True
 
 
 def echo(tool: str, arguments: dict[str, Any]) -> Any:
@@ -98,6 +102,8 @@ class FakeChild:
         self.tools = behaviour.tools  # its own: `change_tools` changes this child's list only
         self._loop = loop
         self._busy_until = 0.0
+        self._asking: dict[str, Any] = {}  # its own request's id -> the tools/call waiting for the response
+        self.responses: list[dict[str, Any]] = []  # the responses to its own requests
         if behaviour.garbage_every is not None:
             loop.call_later(behaviour.garbage_every, self._garbage)
         if behaviour.stderr:
@@ -124,6 +130,9 @@ class FakeChild:
         for line in data.splitlines():
             message = json.loads(line)
             self.received.append(message)
+            if "method" not in message and message.get("id") in self._asking:
+                self._answered(message)
+                continue
             self._schedule(message)
 
     async def wait(self) -> int:
@@ -196,6 +205,22 @@ class FakeChild:
             self._busy_until = start + delay
         self._loop.call_at(start + delay, self._answer, message)
 
+    def _send_ask(self, message: dict[str, Any]) -> None:
+        assert self.behaviour.ask is not None
+        method, params = self.behaviour.ask
+        params = dict(params)
+        ref = (message["params"].get("_meta") or {}).get("mesh/call")
+        if self.behaviour.ask_ref and ref is not None:
+            params["_meta"] = {"mesh/call": ref}
+        ask_id = f"ask-{message['id']}"
+        self._asking[ask_id] = message["id"]
+        self.on_stdout(json.dumps({"jsonrpc": "2.0", "id": ask_id, "method": method, "params": params}).encode())
+
+    def _answered(self, response: dict[str, Any]) -> None:
+        rid = self._asking.pop(response["id"])
+        self.responses.append(response)
+        self._reply(rid, {"content": [{"type": "text", "text": json.dumps(response, sort_keys=True)}]})
+
     def _progress(self, token: Any) -> None:
         if token is None:
             return  # its caller did not ask: a child sends no progress then
@@ -230,6 +255,8 @@ class FakeChild:
             )
         elif method == "ping" and b.answers_ping:
             self._reply(rid, {})
+        elif method == "tools/call" and b.ask is not None:
+            self._send_ask(message)
         elif method == "tools/call" and b.answer is not None:
             result = b.answer(message["params"]["name"], message["params"]["arguments"])
             if isinstance(result, Exception):

@@ -245,6 +245,9 @@ class HotPath:
         if modern:
             if meta.get(PROTOCOL_VERSION_META_KEY) != version or CLIENT_CAPABILITIES_META_KEY not in meta:
                 return False
+            caps = meta.get(CLIENT_CAPABILITIES_META_KEY)
+            if isinstance(caps, dict) and any(k in caps for k in ("elicitation", "sampling", "roots")):
+                return False  # a client that answers a tool's asks: the package's way (face/asking.py)
         elif any(isinstance(k, str) and k.startswith("io.modelcontextprotocol/") for k in meta):
             return False  # a reserved key of the legacy era (a related task, ...): the package's
         probe: dict[str, Any] = {"_meta": meta}

@@ -142,8 +142,8 @@ class FaceFront:
         if connection is None or not connection.initialize_accepted:
             return None, None
         version = connection.protocol_version
-        if version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            return None, None
+        if version not in HANDSHAKE_PROTOCOL_VERSIONS or _answers(connection):
+            return None, None  # (a client that answers a tool's asks: the package's way, face/asking.py)
         running = self._running.get(session_id)
         session = _Session(session_id, transport)
         return Era(version, running=running.keys() if running else frozenset()), session
@@ -302,3 +302,8 @@ def _replay(first: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replaying
+
+
+def _answers(connection: Any) -> bool:
+    caps = getattr(connection, "client_capabilities", None)
+    return caps is not None and any(getattr(caps, k, None) is not None for k in ("elicitation", "sampling", "roots"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import anyio
 import anyio.abc
@@ -23,12 +23,15 @@ import msgspec
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from nats.aio.client import Client
 
 from runtime.bus.catalog_watch import CatalogWatcher
 from runtime.client import CallError, MeshClient
+from runtime.client_tasks import AskHandler
+from runtime.meshctl.face.asking import Asking, legacy_handler
 from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
@@ -130,6 +133,11 @@ class Face:
         # is a hop on a hot path, and the node's own stats say what each call cost.
         self.server.middleware = [m for m in self.server.middleware if type(m).__name__ != "OpenTelemetryMiddleware"]
         self.server.middleware.append(self._remember_session)
+        # A tool's asks as the client's (face/asking.py); 2026-07-28's requestState sealed by the package.
+        self.asking = Asking(self)
+        self.server.middleware.append(
+            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience=SERVER_NAME)
+        )
         self.hot = HotPath(self)
 
     # --- the list -------------------------------------------------------------------------
@@ -214,10 +222,16 @@ class Face:
                 "or check the NATS server and `meshctl mcp --nats`"
             )
         person = self.person_of(ctx)
+        asked = await self.asking.detached(ctx, tool, params, person)  # a 2026-07-28 client that answers asks
+        if asked is not None:
+            return cast(dict[str, Any], asked)
+        # A 2025-11-25 session's client that answers a tool's asks gets them as the face's own requests,
+        # on the same call as any other: its progress and trace context go on as they do without asks.
+        on_ask = legacy_handler(ctx)
         if not (params.meta or {}).get("progress_token"):
             # The client asked for no progress: no forwarding task, no stream, no task group. The node is
             # still asked for progress, so its keepalives tell the face when it died mid-call.
-            return await self._call_plain(tool, params.arguments, person, _trace_of(params))
+            return await self._call_plain(tool, params.arguments, person, _trace_of(params), on_ask)
         send, receive = anyio.create_memory_object_stream[ProgressFrame](PROGRESS_KEPT)
 
         def on_progress(frame: ProgressFrame) -> None:
@@ -240,6 +254,7 @@ class Face:
                     on_progress=on_progress,
                     cancel_reason=CANCEL_REASON,
                     person=person,
+                    on_ask=on_ask,
                     **_trace_of(params),
                 )
             except CallError as e:
@@ -261,7 +276,8 @@ class Face:
         tool: FaceTool,
         arguments: dict[str, Any] | None,
         person: Person | None,
-        trace: dict[str, str | None] | None = None,
+        trace: Trace | None = None,
+        on_ask: AskHandler | None = None,
     ) -> dict[str, Any] | types.CallToolResult:
         try:
             data = await self.client.call(
@@ -271,7 +287,8 @@ class Face:
                 on_progress=_no_progress,
                 cancel_reason=CANCEL_REASON,
                 person=person,
-                **(trace or {}),
+                on_ask=on_ask,
+                **(trace or Trace()),
             )
         except CallError as e:
             return error_result(e)
@@ -360,12 +377,21 @@ def _shape_checked(tool: FaceTool, data: bytes) -> dict[str, Any] | types.CallTo
     return result
 
 
-def _trace_of(params: types.CallToolRequestParams) -> dict[str, str | None]:
+class Trace(TypedDict, total=False):
+    traceparent: str
+    tracestate: str
+
+
+def _trace_of(params: types.CallToolRequestParams) -> Trace:
     """The MCP client's W3C trace context in the request's `_meta` (MCP 2026-07-28 carries it there),
     sent on as the call's NATS headers: the node's span continues the client's trace."""
     meta = params.meta
     if meta is None:
         return {}
     get = meta.get if isinstance(meta, dict) else (lambda key: getattr(meta, key, None))
-    found = {key: get(key) for key in ("traceparent", "tracestate")}
-    return {key: value for key, value in found.items() if isinstance(value, str)}
+    trace = Trace()
+    if isinstance(parent := get("traceparent"), str):
+        trace["traceparent"] = parent
+    if isinstance(state := get("tracestate"), str):
+        trace["tracestate"] = state
+    return trace

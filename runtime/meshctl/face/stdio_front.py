@@ -98,6 +98,7 @@ class StdioFront:
         self.running: dict[int | str, asyncio.Timeout] = {}
         self.era = Era(None, running=self.running.keys())
         self._opened: bool | None = None  # the era the first request opened: True modern, False legacy
+        self._answers = False  # its client declared elicitation, sampling or roots
         self._asked: dict[int | str, str] = {}  # id -> the version it would open: initialize, or an enveloped request
         self._to_package: asyncio.Queue[bytes | None] = asyncio.Queue(PACKAGE_LINES)
         self._calls: asyncio.TaskGroup | None = None
@@ -195,6 +196,7 @@ class StdioFront:
                 self._asked[request.id] = named
             elif request.method == "initialize" and not self._opened:
                 self._asked[request.id] = ""
+                self._answers = _declares_asks((request.params or {}).get("capabilities"))
 
     def package_wrote(self, line: bytes) -> None:
         if self.era.version is not None or not self._asked:
@@ -218,7 +220,10 @@ class StdioFront:
                 version = None
             if version not in HANDSHAKE_PROTOCOL_VERSIONS:
                 version = None
-        if version is not None:
+        if version is not None and self._answers:
+            # A client that answers a tool's asks: the package's way (face/asking.py) serves its calls.
+            self._asked.clear()
+        elif version is not None:
             self.era = Era(version, running=self.running.keys())
             self._asked.clear()
             log.debug("stdio connection opened at %s: the hot path serves its calls", version)
@@ -281,3 +286,8 @@ async def serve_pipes(face: Face, wire_in: int, wire_out: int, *, front: list[St
     finally:
         read_transport.close()
         write_transport.close()
+
+
+def _declares_asks(capabilities: Any) -> bool:
+    """Whether an `initialize`'s client capabilities name something a tool may ask (face/asking.py)."""
+    return isinstance(capabilities, dict) and any(k in capabilities for k in ("elicitation", "sampling", "roots"))

@@ -26,7 +26,22 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
         default=60.0,
         help="seconds the call may take, its deadline on the node too (default 60)",
     )
+    call.add_argument(
+        "--answers",
+        metavar="FILE",
+        help="answer the tool's asks from FILE (a JSON list, in order); on a terminal they are asked for anyway",
+    )
+    call.add_argument(
+        "--detach", action="store_true", help="a detached call: print its task at once; `meshctl task` reads it later"
+    )
+    call.add_argument("--wait", type=seconds, default=0.0, help="with --detach: wait this long for its end")
     call.set_defaults(func=cmd_call)
+
+    task = verbs.add_parser("task", help="your detached calls: get, result, list, cancel", parents=[bus])
+    task.add_argument("action", choices=("get", "result", "list", "cancel"))
+    task.add_argument("task", nargs="?", help="the task id (meshctl call --detach printed it)")
+    task.add_argument("--wait", type=seconds, default=60.0, help="result: seconds to wait for its end (default 60)")
+    task.set_defaults(func=cmd_task)
 
     tools = verbs.add_parser("tools", help="every tool served on the bus (from the catalogue)", parents=[bus])
     tools.add_argument("--json", action="store_true")
@@ -49,19 +64,39 @@ def subject_of(target: str) -> str:
 
 def cmd_call(args: argparse.Namespace) -> int:
     from runtime.meshctl.bus import bus
-    from runtime.meshctl.call import run_call
+    from runtime.meshctl.call import Answers, run_call, run_detached
 
     subject = subject_of(args.target)
     body = (args.arguments if args.arguments is not None else "{}").encode()
     if args.arguments == "-":
         body = sys.stdin.buffer.read()
     cfg, _ = client_config(args, "caller")  # the node's own user calls as the operator's caller, not the mesh account
+    answers = None
+    if args.answers:
+        answers = Answers.from_file(args.answers, sys.stderr)
+    elif sys.stdin.isatty() and args.arguments != "-":
+        answers = Answers(None, sys.stderr)  # asked on the terminal
 
     async def call() -> int:
         async with bus(cfg) as nc:
-            return await run_call(nc, subject, body, args.timeout, args.json)
+            if args.detach:
+                return await run_detached(nc, subject, body, args.timeout, args.wait)
+            return await run_call(nc, subject, body, args.timeout, args.json, answers)
 
     return anyio.run(call)
+
+
+def cmd_task(args: argparse.Namespace) -> int:
+    from runtime.meshctl.bus import bus
+    from runtime.meshctl.call import run_task
+
+    cfg, _ = client_config(args, "caller")
+
+    async def run() -> int:
+        async with bus(cfg) as nc:
+            return await run_task(nc, args.action, args.task, args.wait)
+
+    return anyio.run(run)
 
 
 COLUMNS = ("subject", "kind", "module", "bundle", "node", "cluster", "state")

@@ -11,6 +11,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 
+from .asking import elicit, elicit_url
 from .call import Caller, Person, caller, cancelled, parse_caller, progress
 from .facts import Facts, FactsMissing, facts
 from .log import logger, setup_logging
@@ -30,6 +31,8 @@ __all__ = [
     "caller",
     "cancelled",
     "check_tool_name",
+    "elicit",
+    "elicit_url",
     "facts",
     "logger",
     "parse_caller",

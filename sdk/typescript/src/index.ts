@@ -11,6 +11,7 @@ export type { CallToolResult, ToolAnnotations } from "@modelcontextprotocol/sdk/
 // One zod for the bundle and the SDK: schemas made with it are the ones McpServer understands.
 export { z } from "zod";
 
+export { CALL_REF_KEY, elicit, elicitUrl, type RequestedSchema } from "./asking.js";
 export { caller, CALLER_KEY, type Caller, MAX_CALLER_FIELD_BYTES, parseCaller, type Person, progress, type Via } from "./call.js";
 export { facts, FactsMissing, type Facts } from "./facts.js";
 export { log, logger, type Level, type Logger } from "./log.js";

@@ -198,7 +198,10 @@ def test_the_node_believes_stamps_only_where_its_account_cannot_publish_calls() 
     open_mesh = judge({"user": "mesh-node", "account": "MESH"})
     assert not open_mesh.stamped and "mesh-node may publish mesh.tool.>" in open_mesh.summary
     half = judge({"user": "n", "account": "MESH", "permissions": {"publish": {"deny": ["mesh.tool.>"]}}})
-    assert not half.stamped and "n may publish mesh.seat.>, mesh.cancel.*, mesh.fetch.>, so" in half.summary
+    assert (
+        not half.stamped
+        and "n may publish mesh.seat.>, mesh.cancel.*, mesh.fetch.>, mesh.answer.>, mesh.task.*, so" in half.summary
+    )
     # An allow list that leaves the call subjects out guards them as well.
     allow = judge({"user": "n", "account": "MESH", "permissions": {"publish": {"allow": ["mesh.node.>", "$JS.>"]}}})
     assert allow.stamped
