@@ -66,6 +66,7 @@ class Tool(msgspec.Struct):
     inputSchema: dict[str, Any] = {}
     outputSchema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
+    execution: dict[str, Any] | None = None  # {"taskSupport": ...}: passed through to MCP faces as declared
 
 
 class _ToolsPage(msgspec.Struct):

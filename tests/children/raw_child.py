@@ -89,6 +89,7 @@ TOOLS = [
         "name": "hold",
         "description": "Wait until cancelled (or `seconds` pass), logging to RAW_CALL_LOG",
         "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}},
+        "execution": {"taskSupport": "optional"},  # passed through to MCP clients as declared
     },
     {
         "name": "progress",

@@ -142,7 +142,7 @@ def _endpoint(endpoint: Any) -> tuple[str, str, str, str, dict[str, Any]] | str:
 def _client_definition(name: str, definition: dict[str, Any]) -> dict[str, Any]:
     """The definition as MCP clients expect it: description and schemas as the tool wrote them."""
     shown: dict[str, Any] = {"name": name}
-    for key in ("title", "description", "inputSchema", "outputSchema", "annotations", "icons"):
+    for key in ("title", "description", "inputSchema", "outputSchema", "annotations", "icons", "execution"):
         value = definition.get(key)
         if value is not None and value != "":
             shown[key] = value

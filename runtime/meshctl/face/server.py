@@ -35,6 +35,7 @@ from runtime.meshctl.face.asking import Asking, legacy_handler
 from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
+from runtime.meshctl.face.tasks import Tasks
 from runtime.wire.callproto import ProgressFrame
 from runtime.wire.identity import Person
 
@@ -46,6 +47,9 @@ PROGRESS_KEPT = 64  # progress notifications waiting to go to a slow client; pas
 CALL_TIMEOUT_S = 600.0  # the face's own deadline on a call; each bundle's timeout_ms caps it lower
 
 _decode_result = msgspec.json.Decoder(dict[str, Any]).decode
+TASKS_CAPABILITY = types.ServerTasksCapability.model_validate(
+    {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+)
 CANCEL_REASON = "the MCP client cancelled the call"
 
 
@@ -58,9 +62,11 @@ class FaceServer(Server[Any]):
         experimental_capabilities: dict[str, dict[str, Any]] | None = None,
         extensions: dict[str, dict[str, Any]] | None = None,
     ) -> InitializationOptions:
-        return super().create_initialization_options(
+        options = super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
         )
+        options.capabilities.tasks = TASKS_CAPABILITY  # face/tasks.py: task-augmented tools/call, tasks/*
+        return options
 
 
 def error_result(error: CallError) -> types.CallToolResult:
@@ -135,6 +141,8 @@ class Face:
         self.server.middleware.append(self._remember_session)
         # A tool's asks as the client's (face/asking.py); 2026-07-28's requestState sealed by the package.
         self.asking = Asking(self)
+        # MCP Tasks (face/tasks.py): a task-augmented tools/call and tasks/*, kept by the node, not here.
+        self.server.middleware.append(Tasks(self))
         self.server.middleware.append(
             RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience=SERVER_NAME)
         )
