@@ -379,6 +379,8 @@ def contract(contract_stage: Path) -> Iterator[Wire]:
 class TestCallContract(CallContractTests):
     """Caller, cancellation (mesh_call_cancelled, polled) and progress, as tests/support/call_contract.py checks them."""
 
+    elicits = False
+
 
 def test_a_cancel_is_honoured_even_when_the_handler_never_asks(contract: Wire) -> None:
     contract.call(70, "nap", {"ms": 300})

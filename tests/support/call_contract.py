@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
+
 from tests.support.stdio_client import StdioClient
 
 CALLER = {"account": "ALICE", "user": "alice", "name": "alice-client", "via": "bus"}
@@ -295,5 +297,10 @@ class CallContractTests:
     def test_progress_arrives_in_order_with_the_token(self, contract: Wire) -> None:
         check_progress(contract)
 
+    # The SDKs whose fixture has a `confirm` tool that elicits; the others say so in the test output.
+    elicits: bool = True
+
     def test_an_elicitation_carries_the_call_and_its_answer_reaches_the_handler(self, contract: Wire) -> None:
+        if not self.elicits:
+            pytest.skip(f"{type(self).__module__}: this SDK has no elicit helper yet (issue 28, open)")
         check_ask(contract)
