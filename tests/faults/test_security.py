@@ -344,6 +344,7 @@ async def test_secrets_never_reach_a_child(tmp_path: Path, stack: Stack, case: s
         "MESH_BUNDLE_DIR",
         "MESH_DATA_DIR",
         "PYTHONUNBUFFERED",
+        "MESH_LOCAL_PERSON",  # the node's OS user as a person id: a name, no secret
         MARKER_VAR,
         "FROM_MANIFEST",
     }
