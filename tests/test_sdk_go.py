@@ -52,7 +52,7 @@ def child(built: tuple[Path, BuildOutput, Path], tmp_path: Path) -> Iterator[Std
 
 @pytest.fixture(scope="module")
 def calls_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The go-calls fixture bundle (whoami, wait_cancel, count) built by the Go toolchain."""
+    """The go-calls fixture bundle (whoami, wait_cancel, count, confirm) built by the Go toolchain."""
     require(TOOLCHAIN)
     base = tmp_path_factory.mktemp("go-calls")
     TOOLCHAIN.build(build_context(CALLS_DIR, base / "stage", base / "cache"))
@@ -67,10 +67,8 @@ def contract(calls_stage: Path, tmp_path: Path) -> Iterator[Wire]:
 
 
 class TestCallContract(CallContractTests):
-    """Caller (CallerFrom), cancellation (ctx.Done, and no reply) and progress (Progress), as
-    tests/support/call_contract.py checks them for every SDK."""
-
-    elicits = False
+    """Caller (CallerFrom), cancellation (ctx.Done, and no reply), progress (Progress) and asking
+    (Elicit), as tests/support/call_contract.py checks them for every SDK."""
 
 
 def test_build_is_reproducible_and_staged(built: tuple[Path, BuildOutput, Path]) -> None:

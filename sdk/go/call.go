@@ -163,11 +163,13 @@ type call struct {
 	caller  *Caller
 	session *mcp.ServerSession
 	token   any // the caller's progressToken; nil when it asked for no progress
+	ref     any // the call's _meta["mesh/call"] (an int64), copied onto an elicitation; nil if none
 }
 
 type callKey struct{}
 
-// WithCall returns ctx carrying req's caller and progress token, for CallerFrom and Progress.
+// WithCall returns ctx carrying req's caller, progress token and call reference, for CallerFrom,
+// Progress and Elicit.
 // AddTool does this for every call; a tool registered with mcp.AddTool directly calls it
 // itself. A malformed caller is logged (it is a node bug, not the caller's) and treated as absent.
 func WithCall(ctx context.Context, req *mcp.CallToolRequest) context.Context {
@@ -182,6 +184,7 @@ func WithCall(ctx context.Context, req *mcp.CallToolRequest) context.Context {
 			}
 			c.caller = caller
 			c.token = req.Params.GetProgressToken()
+			c.ref = callRef(meta)
 		}
 	}
 	return context.WithValue(ctx, callKey{}, c)

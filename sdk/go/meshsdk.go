@@ -5,7 +5,8 @@
 // (github.com/modelcontextprotocol/go-sdk); this package only adds what a module's code needs
 // on top: a server set up to log to stderr, the stdio loop, typed tool registration with a
 // text answer, seat-verb tool names, the MESH_* facts the runtime passes in, the caller the node
-// stamped on each call, progress notifications, and no reply to a cancelled call.
+// stamped on each call, progress notifications, asking the caller (elicitation), and no reply
+// to a cancelled call.
 package meshsdk
 
 import (

@@ -397,3 +397,72 @@ func TestCancelledCallGetsNoReply(t *testing.T) {
 		t.Fatalf("call after a stale cancel: %v", m)
 	}
 }
+
+func TestElicitCarriesTheCallRefAndReturnsTheAnswer(t *testing.T) {
+	server := NewServer("t", "0")
+	type askIn struct {
+		Question string `json:"question"`
+	}
+	schema := map[string]any{"type": "object", "properties": map[string]any{"ok": map[string]any{"type": "boolean"}}, "required": []string{"ok"}}
+	AddTool(server, "confirm", "", func(ctx context.Context, in askIn) (string, any, error) {
+		r, err := Elicit(ctx, in.Question, schema)
+		if err != nil {
+			return "", nil, err
+		}
+		return fmt.Sprintf("%s %v", r.Action, r.Content["ok"]), nil, nil
+	})
+	ctx := context.Background()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	var seen []any // each elicitation's _meta["mesh/call"]
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "0"}, &mcp.ClientOptions{
+		ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			seen = append(seen, req.Params.Meta[CallRefMetaKey])
+			if req.Params.Message == "no" {
+				return nil, errors.New("the caller of this call cannot answer it")
+			}
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"ok": true}}, nil
+		},
+	})
+	// The node's protocol revision: on 2026-07-28 the go-sdk refuses a request from a server
+	// mid-call (that revision wants multi round-trip results instead).
+	cs, err := client.Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+
+	for _, c := range []struct {
+		question string
+		meta     mcp.Meta
+		text     string
+		isError  bool
+	}{
+		{"Ship it?", mcp.Meta{CallRefMetaKey: 7}, "accept true", false},
+		{"Ship it?", nil, "accept true", false},                           // no ref: none is sent
+		{"Ship it?", mcp.Meta{CallRefMetaKey: 1.5}, "accept true", false}, // not an integer: none is sent
+		{"no", mcp.Meta{CallRefMetaKey: 8}, "cannot answer it", true},     // an error answer is an error result
+	} {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Meta: c.meta, Name: "confirm", Arguments: map[string]any{"question": c.question}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := res.Content[0].(*mcp.TextContent).Text
+		if res.IsError != c.isError || !strings.Contains(text, c.text) {
+			t.Fatalf("%v: got %q (isError %v)", c.meta, text, res.IsError)
+		}
+	}
+	// JSON numbers come back as float64 on the client's side.
+	if want := []any{float64(7), nil, nil, float64(8)}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("mesh/call seen %v, want %v", seen, want)
+	}
+
+	// Outside a tool call there is no caller to ask.
+	if _, err := Elicit(ctx, "?", schema); err == nil {
+		t.Fatal("Elicit without a call did not fail")
+	}
+}

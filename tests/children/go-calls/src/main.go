@@ -1,5 +1,6 @@
 // go-calls is the Go SDK's fixture bundle for tests/support/call_contract.py: what the SDK hands
-// a tool handler about its call (the caller from _meta, a cancel, progress), one tool for each.
+// a tool handler about its call (the caller from _meta, a cancel, progress, an elicitation), one
+// tool for each.
 package main
 
 import (
@@ -84,11 +85,38 @@ func count(ctx context.Context, in countIn) (string, any, error) {
 	return fmt.Sprintf("counted %d", in.Steps), nil, nil
 }
 
+type confirmIn struct {
+	Question string `json:"question" jsonschema:"what to ask the caller"`
+}
+
+// confirmSchema is the form: one required boolean.
+var confirmSchema = map[string]any{
+	"type":       "object",
+	"properties": map[string]any{"ok": map[string]any{"type": "boolean"}},
+	"required":   []string{"ok"},
+}
+
+// confirm asks the caller (an elicitation across the mesh), then says what they answered.
+func confirm(ctx context.Context, in confirmIn) (string, any, error) {
+	answer, err := meshsdk.Elicit(ctx, in.Question, confirmSchema)
+	if err != nil {
+		return "", nil, fmt.Errorf("could not ask: %w", err) // an isError result naming the error
+	}
+	switch answer.Action {
+	case "accept":
+		return fmt.Sprintf("ok=%t", answer.Content["ok"] == true), nil, nil
+	case "decline":
+		return "declined", nil, nil
+	}
+	return "cancelled", nil, nil
+}
+
 func main() {
 	server := meshsdk.NewServer("go-calls", "0.1.0")
 	meshsdk.AddTool(server, "whoami", "Who called, as the node stamped it.", whoami)
 	meshsdk.AddTool(server, "wait_cancel", "Waits until cancelled.", waitCancel)
 	meshsdk.AddTool(server, "count", "Counts, reporting each step as progress.", count)
+	meshsdk.AddTool(server, "confirm", "Asks the caller a yes/no question.", confirm)
 	if err := meshsdk.Serve(context.Background(), server); err != nil {
 		slog.Error("stdio session failed", "error", err)
 		os.Exit(1)
