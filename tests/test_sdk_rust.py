@@ -289,9 +289,8 @@ def contract(contract_binary: Path) -> Iterator[Wire]:
 
 
 class TestCallContract(CallContractTests):
-    """Caller, cancellation (the CancellationToken) and progress, as tests/support/call_contract.py checks them."""
-
-    elicits = False
+    """Caller, cancellation (the CancellationToken), progress and asking (Call::elicit), as
+    tests/support/call_contract.py checks them."""
 
 
 def test_missing_cargo_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

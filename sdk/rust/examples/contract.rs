@@ -1,5 +1,5 @@
 //! The fixture bundle `tests/test_sdk_rust.py` drives over real stdio: the three tools of the
-//! node's call contract (`tests/support/call_contract.py`): whoami, wait_cancel, count.
+//! node's call contract (`tests/support/call_contract.py`): whoami, wait_cancel, count, confirm.
 
 use std::{fs::OpenOptions, io::Write, time::Duration};
 
@@ -15,6 +15,11 @@ struct MarkerArgs {
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct CountArgs {
     steps: u32,
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct ConfirmArgs {
+    question: String,
 }
 
 fn append(path: &str, line: &str) {
@@ -71,6 +76,40 @@ impl Fixture {
                 .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         }
         Ok(format!("counted {}", args.steps))
+    }
+
+    #[tool(
+        description = "Ask the caller (an elicitation across the mesh), then say what they answered"
+    )]
+    async fn confirm(
+        &self,
+        call: Call,
+        Parameters(args): Parameters<ConfirmArgs>,
+    ) -> CallToolResult {
+        let schema = ElicitationSchema::builder()
+            .required_bool("ok")
+            .build()
+            .expect("a schema of one required field");
+        let said = match call.elicit(&args.question, schema).await {
+            // A caller that cannot answer: a tool error naming the node's JSON-RPC error.
+            Err(e) => {
+                let text = ContentBlock::text(format!("could not ask: {e}"));
+                return CallToolResult::error(vec![text]);
+            }
+            Ok(answer) => match answer.action {
+                ElicitationAction::Accept => {
+                    let ok = answer.content.as_ref().and_then(|c| c["ok"].as_bool());
+                    if ok == Some(true) {
+                        "ok=true"
+                    } else {
+                        "ok=false"
+                    }
+                }
+                ElicitationAction::Decline => "declined",
+                _ => "cancelled", // ElicitationAction is non-exhaustive: Cancel and any later one
+            },
+        };
+        CallToolResult::success(vec![ContentBlock::text(said)])
     }
 }
 

@@ -177,7 +177,9 @@ pub struct Call {
     caller: Option<Caller>,
     progress_token: Option<ProgressToken>,
     ct: CancellationToken,
-    peer: Peer<RoleServer>,
+    // For the elicit helpers in src/asking.rs: the peer to ask, and `_meta["mesh/call"]`.
+    pub(crate) peer: Peer<RoleServer>,
+    pub(crate) call_ref: Option<i64>,
 }
 
 impl Call {
@@ -188,6 +190,7 @@ impl Call {
             progress_token: context.meta.get_progress_token(),
             ct: context.ct.clone(),
             peer: context.peer.clone(),
+            call_ref: crate::asking::call_ref_of(&context.meta.0.0),
         }
     }
 

@@ -5,7 +5,7 @@
 //! here so a bundle needs no rmcp version of its own; this crate only adds what a module's code
 //! needs on top: the stdio loop ([`serve_stdio`]), seat-verb tool names ([`seat_verb`]), the
 //! MESH_* facts ([`facts`]), logging to stderr ([`init_logging`]) and what a tool learns about
-//! its call from the node ([`Call`]: the caller, cancellation, progress).
+//! its call from the node ([`Call`]: the caller, cancellation, progress, asking the caller).
 //!
 //! ```ignore
 //! use mesh_sdk::prelude::*;
@@ -28,6 +28,7 @@
 //! }
 //! ```
 
+mod asking;
 mod call;
 mod facts;
 mod names;
@@ -47,6 +48,7 @@ use tokio::{
     sync::Notify,
 };
 
+pub use asking::CALL_REF_KEY;
 pub use call::{CALLER_KEY, Call, Caller, MAX_CALLER_FIELD_BYTES, Person, Via};
 pub use facts::{Facts, FactsError, facts};
 pub use names::{ToolNameError, check_tool_name, seat_verb};
@@ -64,7 +66,7 @@ pub mod prelude {
     pub use rmcp::{
         self, ErrorData, Json, ServerHandler,
         handler::server::wrapper::Parameters,
-        model::{CallToolResult, ContentBlock},
+        model::{CallToolResult, ContentBlock, ElicitationAction, ElicitationSchema},
         tool, tool_handler, tool_router,
     };
 }
