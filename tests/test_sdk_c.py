@@ -21,6 +21,7 @@ from tests.support.call_contract import (
     CALLER,
     CallContractTests,
     Wire,
+    check_ask,
     check_caller,
     check_cancel,
     check_progress,
@@ -351,10 +352,29 @@ static void nap(json_t *args, mesh_result *r, void *ud) {
     mesh_result_text(r, "napped");
 }
 
+/* Asks the caller, copying the call's mesh/call, and says what they answered. */
+static void confirm(json_t *args, mesh_result *r, void *ud) {
+    (void)ud;
+    const char *question = json_string_value(json_object_get(args, "question"));
+    struct mesh_elicit_answer a;
+    if (mesh_call_elicit(r, question ? question : "?", "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"}},\"required\":[\"ok\"]}", &a) != 0) {
+        mesh_result_error(r, "could not ask: %s", a.error);
+        return;
+    }
+    if (a.action == MESH_ELICIT_ACCEPT) {
+        json_t *content = a.content ? json_loads(a.content, 0, NULL) : NULL;
+        mesh_result_text(r, "ok=%s", json_is_true(json_object_get(content, "ok")) ? "true" : "false");
+        json_decref(content);
+    } else {
+        mesh_result_text(r, "%s", a.action == MESH_ELICIT_DECLINE ? "declined" : "cancelled");
+    }
+}
+
 int main(void) {
     mesh_server *s = mesh_server_new("contract", "0");
     if (!s || mesh_tool_add(s, "whoami", NULL, NULL, whoami, NULL) || mesh_tool_add(s, "wait_cancel", NULL, NULL, wait_cancel, NULL)
-        || mesh_tool_add(s, "count", NULL, NULL, count, NULL) || mesh_tool_add(s, "nap", NULL, NULL, nap, NULL))
+        || mesh_tool_add(s, "count", NULL, NULL, count, NULL) || mesh_tool_add(s, "nap", NULL, NULL, nap, NULL)
+        || mesh_tool_add(s, "confirm", NULL, NULL, confirm, NULL))
         return 3;
     int rc = mesh_serve_stdio(s);
     mesh_server_free(s);
@@ -377,9 +397,8 @@ def contract(contract_stage: Path) -> Iterator[Wire]:
 
 
 class TestCallContract(CallContractTests):
-    """Caller, cancellation (mesh_call_cancelled, polled) and progress, as tests/support/call_contract.py checks them."""
-
-    elicits = False
+    """Caller, cancellation (mesh_call_cancelled, polled), progress and asking (mesh_call_elicit), as
+    tests/support/call_contract.py checks them."""
 
 
 def test_a_cancel_is_honoured_even_when_the_handler_never_asks(contract: Wire) -> None:
@@ -460,6 +479,7 @@ def test_callers_cancels_and_progress_under_valgrind_are_clean(contract_stage: P
     check_caller(wire)
     check_progress(wire)
     check_cancel(wire, tmp_path / "marker")
+    check_ask(wire)  # the answers kept for the call are freed when it ends
     # cancels read ahead, one for a call never made: each noted id is freed when the loop reaches it
     wire.call(90, "wait_cancel", {"marker": str(tmp_path / "m2")})
     wire.send({"method": "notifications/cancelled", "params": {"requestId": 90}})

@@ -92,6 +92,19 @@ static void note_cancel(struct loop *lp, const char *line, size_t n) {
     json_decref(msg);
 }
 
+/* While an elicit waits: a line that is the response to its request is its answer. The line
+ * stays in the buffer; the loop ignores responses when it reaches it. */
+static void note_answer(struct loop *lp, const char *line, size_t n) {
+    json_t *msg = json_loadb(line, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+    json_t *id = json_object_get(msg, "id");
+    if (json_is_integer(id) && json_integer_value(id) == lp->awaiting && !json_object_get(msg, "method")
+        && (json_object_get(msg, "result") || json_object_get(msg, "error"))) {
+        lp->answer = msg;
+        return;
+    }
+    json_decref(msg);
+}
+
 /* Look at the complete lines not looked at yet. */
 static void scan(struct loop *lp) {
     struct input *in = &lp->in;
@@ -100,6 +113,8 @@ static void scan(struct loop *lp) {
     while ((nl = memchr(in->buf + from, '\n', in->len - from)) != NULL) {
         size_t n = (size_t)(nl - in->buf) - from;
         if (memmem(in->buf + from, n, CANCELLED, sizeof CANCELLED - 1)) note_cancel(lp, in->buf + from, n);
+        /* not `else`: an answer may hold that text too; note_cancel checks the method */
+        if (lp->awaiting && !lp->answer) note_answer(lp, in->buf + from, n);
         from += n + 1;
     }
     in->scanned = from;
@@ -135,6 +150,7 @@ int mesh_call_cancelled(mesh_result *r) {
 
 void mesh__loop_free(struct loop *lp) {
     while (lp->ncancels) forget(lp, lp->ncancels - 1);
+    json_decref(lp->answer); /* NULL unless an elicit stopped waiting abnormally */
     free(lp->in.buf);
 }
 
@@ -241,6 +257,8 @@ void mesh__call_begin(struct loop *lp, mesh_result *r, json_t *id, json_t *param
     r->loop = lp;
     r->id = id;
     r->progress_token = json_is_string(token) || json_is_integer(token) ? token : NULL;
+    json_t *ref = json_object_get(meta, "mesh/call");
+    r->call_ref = json_is_integer(ref) ? ref : NULL; /* jansson's booleans are not integers */
     read_caller(r, meta);
 }
 
@@ -266,4 +284,119 @@ int mesh_call_progress(mesh_result *r, double progress, double total, const char
         return -1;
     }
     return 0;
+}
+
+/* ---- asking (elicitation) ----------------------------------------------------------------- */
+
+/* Keep `value` as long as the call (the answer's strings point into it); returns it. */
+static json_t *keep(mesh_result *r, json_t *value) {
+    if (!r->kept) r->kept = mesh__need(json_array());
+    if (json_array_append_new(r->kept, mesh__need(value)) != 0) mesh__out_of_memory();
+    return value;
+}
+
+void mesh__call_end(mesh_result *r) {
+    json_decref(r->kept);
+    r->kept = NULL;
+}
+
+static int fail(struct mesh_elicit_answer *out, const char *why) {
+    out->action = MESH_ELICIT_CANCEL; /* nobody said yes */
+    out->content = NULL;
+    out->error = why;
+    return -1;
+}
+
+/* Block until the response to request `request_id` is read: it, or NULL with *why set. Every other line
+ * stays in the buffer for the loop; cancels are noted as they pass, as in look_ahead(). */
+static json_t *await_answer(mesh_result *r, json_int_t request_id, const char **why) {
+    struct loop *lp = r->loop;
+    struct input *in = &lp->in;
+    lp->awaiting = request_id;
+    *why = NULL;
+    while (!lp->answer && !*why) {
+        if (in->buf) scan(lp);
+        if (lp->answer) break;
+        if (mesh__cancel_pending(lp, r->id)) r->cancelled = 1, *why = "the call was cancelled while it asked";
+        else if (in->eof) *why = "stdin closed before the answer came";
+        else if (in->len - in->start >= LOOKAHEAD_MAX) *why = "more than 16 MiB arrived on stdin before the answer";
+        else if (input_fill(in) < 0) *why = "cannot read stdin"; /* read() blocks: this is the wait */
+    }
+    json_t *answer = lp->answer;
+    lp->answer = NULL;
+    lp->awaiting = 0;
+    return answer;
+}
+
+/* Send elicitation/create with `params` (consumed), wait, and read the answer into `out`. */
+static int ask(mesh_result *r, json_t *params, struct mesh_elicit_answer *out) {
+    if (!r->loop || r->cancelled) {
+        json_decref(params);
+        return fail(out, r->loop ? "the call is cancelled" : "not inside a call");
+    }
+    if (r->call_ref) { /* the node's way to tell which call asks */
+        json_t *meta = mesh__need(json_pack("{s:O}", "mesh/call", r->call_ref));
+        if (json_object_set_new(params, "_meta", meta) != 0) mesh__out_of_memory();
+    }
+    json_int_t id = ++r->loop->asks;
+    json_t *request = mesh__need(json_pack("{s:s, s:I, s:s, s:o}", "jsonrpc", "2.0", "id", id, "method",
+                                           "elicitation/create", "params", params));
+    if (mesh__send(r->loop->out, request) != 0) return fail(out, "cannot write to stdout");
+    const char *why;
+    json_t *answer = await_answer(r, id, &why);
+    if (!answer) return fail(out, why);
+    keep(r, answer);
+    json_t *error = json_object_get(answer, "error");
+    if (error) {
+        const char *message = json_string_value(json_object_get(error, "message"));
+        return fail(out, message ? message : "the client answered with an error");
+    }
+    json_t *result = json_object_get(answer, "result");
+    const char *action = json_string_value(json_object_get(result, "action"));
+    json_t *content = json_object_get(result, "content");
+    out->error = NULL;
+    out->content = NULL;
+    if (action && !strcmp(action, "decline")) out->action = MESH_ELICIT_DECLINE;
+    else if (action && !strcmp(action, "cancel")) out->action = MESH_ELICIT_CANCEL;
+    else if (action && !strcmp(action, "accept")) out->action = MESH_ELICIT_ACCEPT;
+    else return fail(out, "the client's answer has no action accept, decline or cancel");
+    if (out->action == MESH_ELICIT_ACCEPT && json_is_object(content)) {
+        char *text = json_dumps(content, JSON_COMPACT);
+        if (!text) mesh__out_of_memory();
+        out->content = json_string_value(keep(r, json_string(text))); /* jansson's output is UTF-8 */
+        free(text);
+    }
+    return 0;
+}
+
+/* A JSON string of `text`, or NULL when it is NULL or not UTF-8. */
+static json_t *text_or_null(const char *text) {
+    return text ? json_string(text) : NULL;
+}
+
+int mesh_call_elicit(mesh_result *r, const char *message, const char *schema_json, struct mesh_elicit_answer *out) {
+    json_t *text = text_or_null(message);
+    json_t *schema = schema_json ? json_loads(schema_json, 0, NULL) : NULL;
+    const char *type = json_string_value(json_object_get(schema, "type"));
+    if (!text || !type || strcmp(type, "object") != 0) {
+        json_decref(text);
+        json_decref(schema);
+        return fail(out, "mesh_call_elicit needs a UTF-8 message and a schema that is an object of type \"object\"");
+    }
+    return ask(r, mesh__need(json_pack("{s:s, s:o, s:o}", "mode", "form", "message", text, "requestedSchema", schema)), out);
+}
+
+int mesh_call_elicit_url(mesh_result *r, const char *message, const char *url, const char *elicitation_id,
+                         struct mesh_elicit_answer *out) {
+    json_t *text = text_or_null(message), *link = text_or_null(url), *name = text_or_null(elicitation_id);
+    if (!text || !link || !name) {
+        json_decref(text);
+        json_decref(link);
+        json_decref(name);
+        return fail(out, "mesh_call_elicit_url needs a UTF-8 message, url and elicitation id");
+    }
+    int rc = ask(r, mesh__need(json_pack("{s:s, s:o, s:o, s:o}", "mode", "url", "message", text, "url", link,
+                                         "elicitationId", name)), out);
+    out->content = NULL; /* URL mode carries no content, whatever a client sent */
+    return rc;
 }

@@ -28,6 +28,9 @@ struct loop {
     struct input in;
     json_t *cancels[MESH_CANCELS_MAX]; /* request ids, oldest first */
     size_t ncancels;
+    json_int_t asks;     /* ids of our own requests (elicitations): 1, 2, ... */
+    json_int_t awaiting; /* the id whose response mesh_call_elicit waits for, 0 when none */
+    json_t *answer;      /* that response once read, until the waiting elicit takes it */
 };
 
 struct mesh_result {
@@ -38,6 +41,8 @@ struct mesh_result {
     struct loop *loop;
     json_t *id;
     json_t *progress_token; /* borrowed from the request; NULL without one */
+    json_t *call_ref;       /* _meta["mesh/call"], an integer borrowed from the request; NULL without one */
+    json_t *kept;           /* the answers of this call's elicitations, whose strings live as long as it; or NULL */
     int cancelled;
     const struct mesh_caller *caller; /* &caller_storage, or NULL */
     struct mesh_caller caller_storage;
@@ -58,6 +63,8 @@ int mesh__send(FILE *out, json_t *msg);
 int mesh__input_line(struct input *in, char **line, size_t *n);
 /* Fill in `r`'s call from the request (id and params borrowed for the call's duration). */
 void mesh__call_begin(struct loop *lp, mesh_result *r, json_t *id, json_t *params);
+/* The call is over: free what it kept for the handler. */
+void mesh__call_end(mesh_result *r);
 /* Whether a cancel for `id` was already read (the call must not run or be answered). */
 int mesh__cancel_pending(struct loop *lp, json_t *id);
 /* The loop reached a notifications/cancelled: its request is done with, forget its id. */

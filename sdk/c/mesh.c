@@ -400,6 +400,7 @@ static json_t *call_tool(struct loop *lp, json_t *id, json_t *params) {
         json_decref(empty);
         fflush(stdout); /* stray printf()s of the tool reach the log now, not at exit */
     }
+    mesh__call_end(&r);
     json_t *result = finish_result(&r);
     if (mesh_call_cancelled(&r)) { /* also when the handler never asked: the cancel may be waiting */
         mesh_log(MESH_DEBUG, "tools/call %s cancelled: no reply", json_string_value(name));
@@ -419,7 +420,8 @@ static json_t *handle(struct loop *lp, json_t *msg) {
     const char *method = json_string_value(json_object_get(msg, "method"));
     int id_ok = json_is_string(id) || json_is_integer(id); /* MCP ids: string or integer, never null */
     if (!method) {
-        if (json_object_get(msg, "result") || json_object_get(msg, "error")) return NULL; /* we ask nothing */
+        /* an elicitation's answer was taken by its mesh_call_elicit (call.c); any other is stray */
+        if (json_object_get(msg, "result") || json_object_get(msg, "error")) return NULL;
         return error_reply(id_ok ? id : NULL, INVALID_REQUEST, "a request needs a \"method\" string");
     }
     if (!id) { /* a notification: never answered; a cancel's call is over by now (see call.c) */

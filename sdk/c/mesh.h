@@ -96,6 +96,36 @@ int mesh_call_cancelled(mesh_result *call);
  * (stdout failed). */
 int mesh_call_progress(mesh_result *call, double progress, double total, const char *message);
 
+/* ---- asking the caller of this call (elicitation) -------------------------------------------
+ * The node passes a child's elicitation/create to the caller of the call it belongs to; with
+ * several calls in flight it knows which by _meta["mesh/call"], which these copy from the call
+ * onto the request (sdk/COMMON.md, "Asking"). They block until the answer comes: meanwhile the
+ * SDK reads stdin (as mesh_call_cancelled() does) and keeps every other line for the loop to
+ * serve after the handler, in order. A caller that cannot answer makes the request fail at once
+ * with a JSON-RPC error, never a hang. */
+
+enum mesh_elicit_action { MESH_ELICIT_ACCEPT, MESH_ELICIT_DECLINE, MESH_ELICIT_CANCEL };
+
+/* What the caller answered. The strings live as long as the call. */
+struct mesh_elicit_answer {
+    enum mesh_elicit_action action; /* MESH_ELICIT_CANCEL when the asking failed */
+    const char *content;            /* accept in form mode: the answer, a JSON object as text; else NULL */
+    const char *error;              /* when the asking failed: why (the client's error message); else NULL */
+};
+
+/* Ask the caller to fill a form: `message` for people, `schema_json` the requested schema as
+ * text (an object with "type": "object" and primitive properties). Returns 0 with the answer,
+ * or -1 with out->error set: the client answered with a JSON-RPC error, the call is cancelled
+ * (this call then is too), stdin closed or failed, more than 16 MiB arrived before the answer,
+ * stdout failed, or the arguments are bad (not UTF-8, a schema that is not such an object). */
+int mesh_call_elicit(mesh_result *call, const char *message, const char *schema_json, struct mesh_elicit_answer *out);
+
+/* Send the caller's user to `url` (URL mode: what happens there never passes the mesh);
+ * `elicitation_id` names it for a later notifications/elicitation/complete. As
+ * mesh_call_elicit(), but out->content is always NULL. */
+int mesh_call_elicit_url(mesh_result *call, const char *message, const char *url, const char *elicitation_id,
+                         struct mesh_elicit_answer *out);
+
 /* Write "<seat>.<verb>", the tool name that implements a seat's verb, into buf.
  * seat: [a-z][a-z0-9-]{0,62}; verb: [A-Za-z0-9_-]{1,63} (no dot: the name has exactly one).
  * Returns 0, or -1 with errno EINVAL (bad seat or verb) or ERANGE (buf too small). */
