@@ -12,8 +12,7 @@ over real stdio against a child that has three fixture tools:
 - `confirm` `{"question": q}`: elicits (sdk/COMMON.md, "Asking") with message q and the schema
   `{"ok": boolean}` (required), copying the call's `_meta["mesh/call"]`; returns "ok=true" /
   "ok=false", "declined" or "cancelled"; a JSON-RPC error answer is an isError result naming it.
-  An SDK whose library cannot elicit says so in its README and its test module skips this one
-  check loudly.
+  Every SDK has an elicit helper (Python, TypeScript, Go, Rust, C).
 
 One set of checks for every language, so the SDKs cannot drift apart: a test module gives a
 `contract` fixture (a `serving(...)` Wire on its SDK's fixture bundle) and subclasses
@@ -29,8 +28,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
-
-import pytest
 
 from tests.support.stdio_client import StdioClient
 
@@ -297,10 +294,5 @@ class CallContractTests:
     def test_progress_arrives_in_order_with_the_token(self, contract: Wire) -> None:
         check_progress(contract)
 
-    # The SDKs whose fixture has a `confirm` tool that elicits; the others say so in the test output.
-    elicits: bool = True
-
     def test_an_elicitation_carries_the_call_and_its_answer_reaches_the_handler(self, contract: Wire) -> None:
-        if not self.elicits:
-            pytest.skip(f"{type(self).__module__}: this SDK has no elicit helper yet (issue 28, open)")
         check_ask(contract)
