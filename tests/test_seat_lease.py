@@ -181,14 +181,15 @@ async def test_holder_stopped_cleanly_the_other_does_not_serve_until_an_operator
             "standby"
         ], shown.stdout
         listed = meshctl("seat", "list", "--json", *url)
-        assert json.loads(listed.stdout)[0] | {"since": 0} == {
+        row = json.loads(listed.stdout)[0]
+        assert {k: row.get(k) for k in ("seat", "holder", "module", "home", "home_how")} == {
             "seat": "echo",
             "holder": "a",
             "module": "store",
-            "since": 0,
             "home": "a",
             "home_how": "first holder",
-        }
+        }, row
+        assert {"store", "replica", "last_sync", "lag_s"} <= set(row), row
         assert a.terminate() == 0
         assert "seat echo: lease released by node a" in a.log()
         body = await wait_answer(nc, "mesh.seat.echo.say", 503, timeout=5)
@@ -246,7 +247,9 @@ async def test_seat_move_takes_the_data_with_the_seat(tmp_path: Path, nats_serve
             assert code == 200 and body["structuredContent"]["node"] == "b"
         seat_a = await seat_of(nc, "a")
         assert seat_a["state"] == "elsewhere" and seat_a["holder"] == "b", seat_a
-        assert list((b.state_dir / "data").glob("store.before-move-*")), "b's own folder is kept aside, not deleted"
+        # Nothing stays live on the old home: its folder is moved aside (b, a standby, had none of its own).
+        assert not (_a.state_dir / "data" / "store").exists(), list((_a.state_dir / "data").iterdir())
+        assert list((_a.state_dir / "data").glob("store.stale-*")), list((_a.state_dir / "data").iterdir())
         assert "seat echo: data taken in (moved from a, " in b.log(), b.log()
         # A move needs its data's node running: asked of a dead one, it says so and what else to do.
         b.kill()
