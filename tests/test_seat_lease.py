@@ -56,7 +56,7 @@ class Pair:
 
     async def __aenter__(self) -> Pair:
         self.nc = await client(self.url)
-        # b's child is up, but a holds the seat: b's bundle is on standby, never `ready`.
+        # a holds the seat: b's bundle is on standby (its child not started), never `ready`.
         await wait_state(self.nc, "b", "store/tools", "standby")
         await wait_state(self.nc, "a", "store/tools", "ready")
         return self
@@ -275,7 +275,8 @@ async def test_a_bus_without_jetstream_refuses_the_stateful_seat_and_serves_the_
         nc = await client(server.url)
         seat = await seat_of(nc, "nojs")
         assert seat["state"] == "refused" and "needs JetStream" in seat["reason"], seat
-        assert (await wait_state(nc, "nojs", "store/tools", "standby"))["pid"]  # its child runs, serving nothing
+        # No lease, no store: its child is not even started.
+        assert not (await wait_state(nc, "nojs", "store/tools", "standby"))["pid"]
         await wait_state(nc, "nojs", "plain/tools", "ready")
         code, body = await answer(nc, "mesh.tool.plain.echo", {"x": 1})
         assert code == 200

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import msgspec
 
@@ -18,7 +19,7 @@ from launcher.errors import BundleUnavailable
 from launcher.session import Tool
 from runtime.bus.service_api import EndpointStats
 from runtime.calls.schema import compile_schema
-from runtime.wire.errors import NoSuchTool, Unavailable
+from runtime.wire.errors import NodeError, NoSuchTool, Unavailable
 from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX, seat_subject, split_seat_tool, tool_subject
 
 _encode = msgspec.json.encode
@@ -90,6 +91,10 @@ class RouteTable:
         self.routes: dict[str, Route] = {}
         # (module, tool) -> the load-time error of a `<seat>.<verb>` tool whose seat is not declared.
         self._undeclared: dict[tuple[str, str], str] = {}
+        # The seats' word on a call to a module holding a stateful seat (runtime/seats/seats.py): a
+        # lease not renewed in time (a node paused past it) refuses the call, never writes a store
+        # another node may hold by now.
+        self.fence: Callable[[str, str], NodeError | None] | None = None
 
     def problems(self) -> list[str]:
         """The tools that cannot be served as they are named, each said once in an ERROR line."""
@@ -139,6 +144,9 @@ class RouteTable:
     def resolve(self, subject: str) -> Route:
         route = self.routes.get(subject)
         if route is not None:
+            refused = self.fence(subject, route.module) if self.fence is not None else None
+            if refused is not None:
+                raise refused
             return route
         raise self.why_not(subject)
 

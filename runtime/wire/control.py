@@ -38,6 +38,7 @@ class SeatStatus(msgspec.Struct):
     reason: str = ""
     holder: str = ""  # the node that holds it, when another one does
     home: str = ""  # the node whose disk holds its data, when that is not this one
+    store: str = ""  # the store id it is served from (held), or the one it expects (refused)
 
 
 class NodeStatus(msgspec.Struct):
