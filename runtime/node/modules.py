@@ -64,6 +64,7 @@ class ModuleHost(RunnerEvents):
         # the placements to start them from, and the runners running.
         self._placements: dict[str, Placement] = {}
         self._running: set[BundleRunner] = set()
+        self.table.started = self.started
         self._tg = tg  # the node's task group: every runner's `run` is owned by it
         self._wiring: Wiring | None = None  # none until the bus answers: nothing is served before
 

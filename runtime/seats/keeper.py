@@ -235,6 +235,11 @@ class SeatKeeper:
             await self._lose(str(e))
             await self.look()  # learn at once who holds it now
 
+    def sync_facts(self) -> tuple[float, float]:
+        """A replicated seat held here: its replica's last sync and lag at the last renewal; else zeros."""
+        record = self._held.record if self._held is not None else None
+        return (record.synced, record.lag_s) if record is not None else (0.0, 0.0)
+
     def wake(self) -> None:
         self._woken.set()
 

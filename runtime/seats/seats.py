@@ -126,6 +126,17 @@ class Seats:
         """The bus, this node's Service API id (named in its leases) and where keepers run."""
         self.nc, self.service_id, self._tg, self.bus = nc, service_id, tg, bus
 
+    def shown(self) -> list[SeatStatus]:
+        """Every seat's status for `node status`, a held replicated seat with its replica's sync and lag."""
+        out = []
+        for status in self.status.values():
+            keeper = self.keepers.get(status.seat)
+            if status.state == "held" and keeper is not None and keeper.module == status.module:
+                synced, lag = keeper.sync_facts()
+                status = msgspec.structs.replace(status, synced=synced, lag_s=lag)
+            out.append(status)
+        return out
+
     def held(self) -> list[str]:
         return sorted(s.seat for s in self.status.values() if s.state == "held")
 
