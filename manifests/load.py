@@ -30,6 +30,7 @@ from .model import (
 )
 
 MANIFEST_NAME = "module.toml"
+DATABASE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
 NAME_RULE = '[a-z][a-z0-9-]{0,62}, e.g. "hello"'
 VERSION_RULE = (
     'write a version string such as "0.1.0" (letters, digits, . + _ -, at most 128, not starting with . or -)'
@@ -187,11 +188,30 @@ class _Validator:
                         f"seat[{i}].failover",
                         "a stateless seat keeps no data to fail over; drop failover, or drop stateless = true",
                     )
+            if "databases" in s:
+                self.databases(f"seat[{i}].databases", s)
         for i, a in enumerate(self.table_list(data, "artifact")):
             self.artifact(f"artifact[{i}]", a)
         if "description" in data and not isinstance(data["description"], str):
             self.add("description", "must be a string")
         return self.problems
+
+    def databases(self, field: str, seat: dict[str, Any]) -> None:
+        value = seat["databases"]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.add(field, f'is {_shown(value)}; write a list of SQLite file names, e.g. ["memory.sqlite3"]')
+            return
+        for v in value:
+            if not DATABASE_RE.match(v) or v.startswith(".mesh-"):
+                self.add(
+                    field,
+                    f"{_shown(v)} is not a file name in the module's data folder; write a plain name such as "
+                    '"memory.sqlite3" (letters, digits, ".", "_", "-"; no folders, not starting with ".")',
+                )
+        if len(set(value)) != len(value):
+            self.add(field, "names a database twice")
+        if value and seat.get("stateless") is True:
+            self.add(field, "a stateless seat keeps no data; drop databases, or drop stateless = true")
 
     def table_list(self, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
         value = data.get(key, [])

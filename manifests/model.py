@@ -116,6 +116,10 @@ class Seat(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # operator's `meshctl seat move`); "replicated", in a store every node reaches (e.g.
     # JetStream), so a live node takes the seat over by itself when its holder's lease expires.
     failover: Literal["local", "replicated"] = "local"
+    # The seat's SQLite files, relative to the module's data folder: a "replicated" seat's holder
+    # replicates them continuously (Litestream, runtime/seats/replica.py) and a taking node restores
+    # them. A replicated seat without databases keeps its data outside the folder.
+    databases: list[str] = []
 
 
 class Artifact(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -147,6 +147,13 @@ class SeatsConfig(msgspec.Struct, forbid_unknown_fields=True):
     # How long a stateful seat's lease lives without renewal: a dead holder's seat frees after it.
     # Fixed when the lease bucket is made; a node finding another value uses the bucket's.
     lease_ttl_s: float = 10.0
+    # Replicated seats (runtime/seats/replica.py): replicas of each seat's JetStream object store
+    # bucket (0: the bus's cluster size, at most 3), how often the holder's Litestream ships its
+    # writes (the RPO: writes answered longer ago than this survive the holder's death), and the
+    # litestream binary ("" finds it beside the node's Python, then on PATH).
+    replicas: int = 0
+    sync_interval_ms: int = 1000
+    litestream: str = ""
 
 
 class CatalogConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -22,7 +22,7 @@ import pytest
 from runtime.client import MeshClient
 from runtime.wire.identity import PERSON, Person, encode_person, os_person
 from tests.support.console_stack import DOCS_SHOTS, ConsoleProcess, Stack, chromium, person_id
-from tests.support.mesh import MESHCTL, ROOT, bundle_status, wait_for
+from tests.support.mesh import MESHCTL, ROOT, bundle_status, status, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -88,6 +88,15 @@ async def test_the_mesh_page_shows_every_bundle_and_a_killed_one_within_2_s(
             assert (await service.locator("td").nth(1).inner_text()).startswith("service")
             seats = await page.locator("table.seats").inner_text()
             assert "memory" in seats and "handoff" in seats and "held" in seats
+            # Each seat's store id, and for the replicated memory seat its replica's sync and lag once
+            # the holder renewed its lease with them (the page polls its fragment).
+            shown = {s["seat"]: s for s in (await status(ops, stack.node.name))["seats"]}
+            assert shown["memory"]["store"] and shown["memory"]["store"] in seats
+            await page.wait_for_function(
+                """() => /synced \\d+ s ago, lag [0-9.]+ s/.test(
+                    document.querySelector('tr[data-seat="memory"]').textContent)""",
+                timeout=30_000,
+            )
             await page.screenshot(path=str(DOCS_SHOTS / "mesh.png"), full_page=True)
             before = await bundle_status(ops, stack.node.name, "frail/tools")
             row = page.locator('tr[data-bundle="frail/tools"]')

@@ -56,7 +56,7 @@ class Pair:
 
     async def __aenter__(self) -> Pair:
         self.nc = await client(self.url)
-        # b's child is up, but a holds the seat: b's bundle is on standby, never `ready`.
+        # a holds the seat: b's bundle is on standby (its child not started), never `ready`.
         await wait_state(self.nc, "b", "store/tools", "standby")
         await wait_state(self.nc, "a", "store/tools", "ready")
         return self
@@ -181,14 +181,15 @@ async def test_holder_stopped_cleanly_the_other_does_not_serve_until_an_operator
             "standby"
         ], shown.stdout
         listed = meshctl("seat", "list", "--json", *url)
-        assert json.loads(listed.stdout)[0] | {"since": 0} == {
+        row = json.loads(listed.stdout)[0]
+        assert {k: row.get(k) for k in ("seat", "holder", "module", "home", "home_how")} == {
             "seat": "echo",
             "holder": "a",
             "module": "store",
-            "since": 0,
             "home": "a",
             "home_how": "first holder",
-        }
+        }, row
+        assert {"store", "replica", "last_sync", "lag_s"} <= set(row), row
         assert a.terminate() == 0
         assert "seat echo: lease released by node a" in a.log()
         body = await wait_answer(nc, "mesh.seat.echo.say", 503, timeout=5)
@@ -246,7 +247,9 @@ async def test_seat_move_takes_the_data_with_the_seat(tmp_path: Path, nats_serve
             assert code == 200 and body["structuredContent"]["node"] == "b"
         seat_a = await seat_of(nc, "a")
         assert seat_a["state"] == "elsewhere" and seat_a["holder"] == "b", seat_a
-        assert list((b.state_dir / "data").glob("store.before-move-*")), "b's own folder is kept aside, not deleted"
+        # Nothing stays live on the old home: its folder is moved aside (b, a standby, had none of its own).
+        assert not (_a.state_dir / "data" / "store").exists(), list((_a.state_dir / "data").iterdir())
+        assert list((_a.state_dir / "data").glob("store.stale-*")), list((_a.state_dir / "data").iterdir())
         assert "seat echo: data taken in (moved from a, " in b.log(), b.log()
         # A move needs its data's node running: asked of a dead one, it says so and what else to do.
         b.kill()
@@ -272,7 +275,8 @@ async def test_a_bus_without_jetstream_refuses_the_stateful_seat_and_serves_the_
         nc = await client(server.url)
         seat = await seat_of(nc, "nojs")
         assert seat["state"] == "refused" and "needs JetStream" in seat["reason"], seat
-        assert (await wait_state(nc, "nojs", "store/tools", "standby"))["pid"]  # its child runs, serving nothing
+        # No lease, no store: its child is not even started.
+        assert not (await wait_state(nc, "nojs", "store/tools", "standby"))["pid"]
         await wait_state(nc, "nojs", "plain/tools", "ready")
         code, body = await answer(nc, "mesh.tool.plain.echo", {"x": 1})
         assert code == 200

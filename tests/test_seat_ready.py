@@ -94,6 +94,15 @@ class Claimed:
     def served_changed(self, reason: str) -> None:
         self.changes.append(reason)
 
+    async def start_module(self, module: str) -> None:
+        pass
+
+    async def stop_module(self, module: str) -> None:
+        pass
+
+    def started(self, bundle: object) -> bool:
+        return False
+
     async def claim(self, then: Callable[[], Awaitable[None]]) -> None:
         async with anyio.create_task_group() as tg:
             self.seats.serve(self.nc, "SVC1", tg)
@@ -143,8 +152,9 @@ async def test_a_seat_held_by_another_node_leaves_the_bundle_on_standby_naming_t
 
 # --- a real node whose bus comes up after its children --------------------------------------------
 async def test_a_bundle_shown_ready_answers_its_seat_verb_at_once(tmp_path: Path) -> None:
-    """The children are up before the bus is: the first status the node gives must not say
-    `ready` while the seat is not served yet. Every status seen is checked, tightly polled."""
+    """A stateful module's child waits for its seat (no store where the seat is not held): it is not
+    started while the bus is away; once the bus is up the first status must not say `ready` while
+    the seat is not served yet. Every status seen is checked, tightly polled."""
     port = free_port()
     mods = tmp_path / "mods"
     make_module(mods, "store", seats=["echo"])
@@ -152,7 +162,8 @@ async def test_a_bundle_shown_ready_answers_its_seat_verb_at_once(tmp_path: Path
     server: NatsServer | None = None
     try:
         node.wait_log("is out of reach")
-        node.wait_log("bundle store/tools ready")  # the child is up; the node has no bus yet
+        time.sleep(1.0)
+        assert "bundle store/tools ready" not in node.log()  # no seat, no child, no store
         server = NatsServer(tmp_path / "nats", port=port).start()
         nc = await client(server.url)
         seen: list[str] = []

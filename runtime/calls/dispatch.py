@@ -151,6 +151,9 @@ class Dispatcher:
     def _admit(self, route: Route, a: Arrival) -> Pending | None:
         """Check the body and write the call now if the bundle is ready; None: it must wait."""
         data = a.msg.data
+        refused = self.table.fence(a.msg.subject, route.module) if self.table.fence is not None else None
+        if refused is not None:  # a stateful seat's lease lapsed here (runtime/seats/seats.py)
+            raise refused
         full = route.bundle.overloaded(len(data) or len(_EMPTY))
         if full is not None:  # refused before its body is read: under a flood, each costs little
             raise wire_error(route, full, self.node)

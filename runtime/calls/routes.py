@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import msgspec
 
@@ -18,7 +19,7 @@ from launcher.errors import BundleUnavailable
 from launcher.session import Tool
 from runtime.bus.service_api import EndpointStats
 from runtime.calls.schema import compile_schema
-from runtime.wire.errors import NoSuchTool, Unavailable
+from runtime.wire.errors import NodeError, NoSuchTool, Unavailable
 from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX, seat_subject, split_seat_tool, tool_subject
 
 _encode = msgspec.json.encode
@@ -90,6 +91,13 @@ class RouteTable:
         self.routes: dict[str, Route] = {}
         # (module, tool) -> the load-time error of a `<seat>.<verb>` tool whose seat is not declared.
         self._undeclared: dict[tuple[str, str], str] = {}
+        # The seats' word on a call to a module holding a stateful seat (runtime/seats/seats.py): a
+        # lease not renewed in time (a node paused past it) refuses the call, never writes a store
+        # another node may hold by now.
+        self.fence: Callable[[str, str], NodeError | None] | None = None
+        # Whether a tools runner was started: a stateful module's runners wait, unstarted, until its
+        # seats are held here (runtime/node/modules.py); until then they are nothing to wait for.
+        self.started: Callable[[BundleRunner], bool] = lambda bundle: True
 
     def problems(self) -> list[str]:
         """The tools that cannot be served as they are named, each said once in an ERROR line."""
@@ -139,6 +147,9 @@ class RouteTable:
     def resolve(self, subject: str) -> Route:
         route = self.routes.get(subject)
         if route is not None:
+            refused = self.fence(subject, route.module) if self.fence is not None else None
+            if refused is not None:
+                raise refused
             return route
         raise self.why_not(subject)
 
@@ -150,7 +161,7 @@ class RouteTable:
         elif subject.startswith(SEAT_PREFIX):
             module = self.seat_holders.get(subject[len(SEAT_PREFIX) :].partition(".")[0])
         entry = self.modules.get(module) if module else None
-        return [b for b in entry.bundles if b.state in STARTING_STATES] if entry else []
+        return [b for b in entry.bundles if b.state in STARTING_STATES and self.started(b)] if entry else []
 
     def why_not(self, subject: str, down: BundleUnavailable | None = None) -> Exception:
         """404 when nothing here could serve it; 503 when the bundle that might is down (`down`: why,
@@ -173,7 +184,7 @@ class RouteTable:
         if down is not None:
             return Unavailable(tool, family, down, self.node)
         for bundle in entry.bundles:
-            if bundle.state != "ready":
+            if bundle.state != "ready" and self.started(bundle):
                 return Unavailable(tool, family, bundle.unavailable(), self.node)
         known = sorted(r.subject for r in self.routes.values() if r.module == entry.name)
         problem = self._undeclared.get((entry.name, tool))

@@ -210,16 +210,17 @@ class ServiceHost:
         self._said = False
         self._steps_done: set[tuple[str, str, tuple[str, ...]]] = set()  # placements whose steps passed in this run
 
-    async def run_steps(self, placement: Placement) -> list[str]:
+    async def run_steps(self, placement: Placement, always: bool = False) -> list[str]:
         """The version's steps not yet run; StepFailed refuses the version (nothing was touched).
 
         Delivery runs them before it replaces the running version, and the node again when it
-        places it: the second time is a no-op, without even a look at the records."""
+        places it: the second time is a no-op, without even a look at the records. `always`: a
+        stateful module taking its seat here, whose store may come from another node, runs them again."""
         module = placement.loaded.module
         key = (module.name, module.version, tuple(str(placement.dirs[b.name]) for b in module.step_bundles()))
-        if key in self._steps_done:
+        if key in self._steps_done and not always:
             return []
-        ran = await run_steps(placement, self.config, self.run_id, self.reaper)
+        ran = await run_steps(placement, self.config, self.run_id, self.reaper, always=always)
         self._steps_done.add(key)
         return ran
 

@@ -62,15 +62,17 @@ def _done(path: Path, folder: str) -> bool:
     return record.folder == folder
 
 
-async def run_steps(placement: Placement, config: NodeConfig, run_id: str, reaper: Reaper | None) -> list[str]:
-    """Run the placement's steps that have not succeeded for this version; the ones run, in
-    manifest order. StepFailed at the first that fails (the later ones do not run)."""
+async def run_steps(
+    placement: Placement, config: NodeConfig, run_id: str, reaper: Reaper | None, always: bool = False
+) -> list[str]:
+    """Run the placement's steps that have not succeeded for this version (`always`: every one);
+    the ones run, in manifest order. StepFailed at the first that fails (the later ones do not run)."""
     module = placement.loaded.module
     ran: list[str] = []
     for spec in module.step_bundles():
         folder = str(placement.dirs[spec.name])
         record = record_path(config.state_dir, module.name, spec.name, module.version)
-        if _done(record, folder):
+        if not always and _done(record, folder):
             log.info("step %s/%s of %s %s ran already; not again", module.name, spec.name, module.name, module.version)
             continue
         await _run_one(placement, spec, config, run_id, reaper, record, folder)

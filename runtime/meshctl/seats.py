@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from runtime.meshctl.errors import Refused
 from runtime.wire.control import SeatMoveAsk, SeatMoveReply
-from runtime.wire.leases import HomeRecord, LeaseRecord, SeatLeases
+from runtime.wire.leases import NEWEST, HomeRecord, LeaseRecord, SeatLeases
 from runtime.wire.subjects import SEAT_MOVE, node_subject
 
 
@@ -28,6 +28,10 @@ class SeatRow(msgspec.Struct):
     since: float
     home: str  # node whose disk holds the data, "" when none is recorded
     home_how: str
+    store: str = ""  # the store id (runtime/seats/store.py)
+    replica: str = ""  # a replicated seat: its current generation's bucket prefix
+    last_sync: float = 0.0  # when its replica last took a write, as the holder saw at its last renewal
+    lag_s: float = 0.0  # how far the holder's database was ahead of the replica then
 
 
 class SeatAdminError(Refused):
@@ -54,6 +58,10 @@ async def seat_rows(nc: Client) -> list[SeatRow]:
                 since=held.since if held else 0.0,
                 home=where.node if where else "",
                 home_how=where.how if where else "",
+                store=where.store if where else "",
+                replica=where.replica if where else "",
+                last_sync=held.synced if held else 0.0,
+                lag_s=held.lag_s if held else 0.0,
             )
         )
     return rows
@@ -118,3 +126,31 @@ async def move(nc: Client, seat: str, to: str, timeout: float) -> tuple[SeatMove
             return reply, True
         await anyio.sleep(0.2)
     return reply, False
+
+
+async def restore(nc: Client, seat: str, node: str, at: str) -> HomeRecord:
+    """Name `node` to restore a replicated seat's store (at `at`, Litestream's -timestamp, or the newest)
+    and hold it. Refused while a node holds the seat: it is stopped first, so nothing is written meanwhile."""
+    leases = await open_leases(nc)
+    lease = await leases.read(seat)
+    if lease is not None and isinstance(lease.record, LeaseRecord):
+        raise SeatAdminError(
+            f"node {lease.record.node} holds seat {seat} now; stop it (or its module) first, then restore: "
+            "a restore under a live holder would lose the writes it answers meanwhile"
+        )
+    home = await leases.home(seat)
+    if home is None or not isinstance(home.record, HomeRecord) or not home.record.replica:
+        raise SeatAdminError(
+            f"seat {seat} has no replica to restore from (not replicated, or never held); "
+            f"`meshctl seat adopt {seat} --node {node}` starts an empty store there on purpose"
+        )
+    record = msgspec.structs.replace(
+        home.record, node=node, how=f"restore{' at ' + at if at else ''} asked by an operator", restore_at=at or NEWEST
+    )
+    try:
+        await leases.set_home(seat, record, home.revision)
+    except Exception as e:
+        raise SeatAdminError(
+            f"the home of seat {seat} changed meanwhile ({e}); look again with `meshctl seat list`"
+        ) from e
+    return record

@@ -112,7 +112,7 @@ class Control:
                 ModuleStatus(m.name, m.version, modules.sources.get(m.name, "")) for m in modules.table.modules.values()
             ],
             bundles=modules.bundle_statuses(),
-            seats=list(modules.seats.status.values()),
+            seats=modules.seats.shown(),
             problems=modules.all_problems(),
             in_flight=self.dispatcher.in_flight,
             answered=self.dispatcher.answered,

@@ -324,7 +324,7 @@ class Node:
             watchers_tg.start_soon(serving.notice.run)
             watchers_tg.start_soon(serving.catalog.run)
             await serving.desk.start(self.config.queue_group)
-            modules.wire(Wiring(nc, serving.service, serving.desk, serving.notice))
+            modules.wire(Wiring(nc, serving.service, serving.desk, serving.notice, nats_cfg))
             await serving.control.start()
             await serving.callers.start()
             # Every child starts at once; the seats (one lease look each) follow.

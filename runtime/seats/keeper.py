@@ -26,6 +26,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from runtime.bus.service_api import SERVICE_NAME
+from runtime.seats.data import SeatData
+from runtime.seats.store import StoreMissing
 from runtime.wire.errors import SeatUnavailable, render
 from runtime.wire.leases import Found, Held, HomeRecord, LeaseLost, LeaseRecord, SeatLeases, seat_key
 
@@ -53,6 +55,7 @@ class SeatKeeper:
         queue_group: str,
         on_change: Callable[[SeatKeeper], Awaitable[None]],
         prepare_home: Callable[[HomeRecord], Awaitable[None]] | None = None,
+        data: SeatData | None = None,
     ) -> None:
         self.nc, self.leases = nc, leases
         self.seat, self.module, self.node = seat, module, node
@@ -61,6 +64,9 @@ class SeatKeeper:
         self.on_change = on_change
         self.prepare_home = prepare_home  # the node takes in data moved to it before it holds the seat
         self.hold_off = False  # set while the seat's data is being moved away: no taking it back
+        self.data = data  # the seat's store on this node (None: its data is not in the module's folder)
+        self.missing: StoreMissing | None = None  # the folder holds another store (or none): 503 here
+        self.store = ""  # the store id served, while held
         self.state = "starting"
         self.holder = ""  # the node holding the lease, when another one does
         self.home = ""  # the node whose disk holds the data, when it is not this one
@@ -169,13 +175,18 @@ class SeatKeeper:
                         reason=f"taking in the data moved to this node failed: {e}",
                     )
                     return
+        if self.data is not None:
+            if not await self._prepare_data():
+                return
         started = time.monotonic()
         got = await self.leases.acquire(self.seat, self._record())
         if isinstance(got, Found):  # another node was first by a hair
             assert isinstance(got.record, LeaseRecord)
+            if self.data is not None:
+                await self.data.after_loss()
             await self._elsewhere(got.record)
             return
-        if self.disk_backed:
+        if self.disk_backed and self.data is None:
             home_record = await self.leases.settle_home(self.seat, HomeRecord(self.node, self.module, time.time()))
             if home_record.node != self.node:
                 await self.leases.release(got)
@@ -183,10 +194,39 @@ class SeatKeeper:
                 return
         self._held, self._renewed_at = got, started
         await self._set("held", holder="", home="", reason="", silent=False)
+        if self.data is not None:
+            await self.data.held()
+
+    async def _prepare_data(self) -> bool:
+        """The store checked, restored or made, its children started: True when the lease may be taken."""
+        assert self.data is not None
+        try:
+            home = await self.data.prepare(await self.leases.home(self.seat))
+        except StoreMissing as e:
+            self.missing = e
+            await self._set("refused", holder="", home="", reason=str(e), silent=True)
+            return False
+        except Exception as e:  # a restore or a start that failed: nothing is served, the next round tries again
+            await self.data.after_loss()
+            await self._set(
+                "refused", holder="", home="", reason=f"the store of seat {self.seat} is not ready: {e}", silent=True
+            )
+            return False
+        if home is None:
+            return False  # another node moved first: the next round sees what it did
+        self.missing, self.store = None, home.store
+        return True
 
     async def _renew(self) -> None:
         assert self._held is not None
         started = time.monotonic()
+        if self.data is not None and self.data.replicated:
+            try:
+                synced, lag = await self.data.sync_facts()
+                record = msgspec.structs.replace(self._held.record, synced=synced, lag_s=round(lag, 3))
+                self._held = Held(self._held.seat, self._held.revision, record)
+            except Exception as e:  # the facts are for people; the lease is renewed anyway
+                log.debug("seat %s: replica facts unknown (%s)", self.seat, e)
         try:
             self._held = await self.leases.renew(self._held)
             self._renewed_at = started
@@ -194,6 +234,19 @@ class SeatKeeper:
             self.renewals_failed += 1
             await self._lose(str(e))
             await self.look()  # learn at once who holds it now
+
+    def sync_facts(self) -> tuple[float, float]:
+        """A replicated seat held here: its replica's last sync and lag at the last renewal; else zeros."""
+        record = self._held.record if self._held is not None else None
+        return (record.synced, record.lag_s) if record is not None else (0.0, 0.0)
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def lapsed(self) -> bool:
+        """Held, but not renewed for two thirds of the lease's life (a pause, a stalled loop): by now
+        another node may hold the seat, so no call is served until the keeper knows."""
+        return self._held is not None and time.monotonic() - self._renewed_at > self.leases.ttl_s * 2 / 3
 
     async def _check_validity(self) -> None:
         # Unable to renew for two thirds of its life: by the time it expires another node may hold it.
@@ -211,10 +264,15 @@ class SeatKeeper:
         await self._set("refused", holder="", home="", reason=why, silent=True)
 
     async def _lose(self, why: str) -> None:
+        # Litestream first, before anything else: nothing more of this holder reaches the replica.
+        if self.data is not None:
+            self.data.kill_now()
         self._held = None
         log.error("seat %s: %s; node %s stopped serving it at once", self.seat, why, self.node)
         self._said = ("lost",)
         await self._set("refused", holder="", home="", reason=why, silent=True)
+        if self.data is not None:
+            await self.data.after_loss()
 
     async def _elsewhere(self, record: LeaseRecord) -> None:
         silent = not await self._answers(record)
@@ -278,6 +336,8 @@ class SeatKeeper:
                 await sub.unsubscribe()
 
     def unavailable(self, subject: str) -> SeatUnavailable:
+        if self.missing is not None:
+            return self._store_missing(subject, self.missing)
         if self.home:
             why = f"its data lives on node {self.home}'s disk and no node holds it"
             holder = self.home
@@ -302,6 +362,24 @@ class SeatKeeper:
             ways = [f"wait: the lease expires within {self.leases.ttl_s:g} s and a live node takes the seat"] + ways[:1]
         return SeatUnavailable(subject, self.seat, self.module, self.node, holder, why, ways)
 
+    def _store_missing(self, subject: str, e: StoreMissing) -> SeatUnavailable:
+        ways = [
+            f"put the folder back: {e.path} with {e.expected} (from a backup of that node's disk)",
+            f"`meshctl seat restore {self.seat} --node {self.node}`: a replicated seat's store comes back "
+            "from its replica",
+            f"`meshctl seat adopt {self.seat} --node {self.node}`: start a new, empty store here, on purpose "
+            f"(ids and entries of {e.expected} are not in it)",
+        ]
+        facts = {
+            "id": e.home.store,
+            "node": e.home.store_node,
+            "since": e.home.store_since,
+            "path": str(e.path),
+            "found": e.found,
+        }
+        why = f"it is kept in {e.expected}, and {e.path} holds {e.found}"
+        return SeatUnavailable(subject, self.seat, self.module, self.node, "", why, ways, store=facts)
+
     async def _answer_503(self, msg: Msg) -> None:
         if not msg.reply:
             return
@@ -317,6 +395,13 @@ class SeatKeeper:
         self._closed = True
         self._woken.set()
         await self._standby_answers(False)
+        if self._held is not None and release and self.data is not None:
+            try:
+                await self.data.stop_clean()  # its last writes reach the replica before the lease goes
+            except Exception as e:
+                log.warning("seat %s: the clean stop of its store failed (%s)", self.seat, e)
+        if not release and self.data is not None:
+            self.data.kill_now()
         held, self._held = self._held, None
         if held is not None and release:
             try:

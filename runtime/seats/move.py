@@ -5,8 +5,10 @@ in flight on the module's bundles, packs the module's data folder into the objec
 `mesh-seat-data`, and names the target as the seat's home with that object, fenced by the
 home's revision. The target, at its next look at the seat, fetches the object, checks its
 sha256, unpacks it beside its data folder, swaps it in (the old folder is kept aside, never
-deleted), restarts the module's bundles so they open the moved store, and only then takes the
-lease. A failure before the home changes leaves the seat where it was: the home takes it again.
+deleted), restarts the module's bundles so they open the moved store, deletes the packed object
+(the bucket's TTL removes one nobody took in), and only then takes the lease. The old home stops
+the module's children and moves its folder aside (`<module>.stale-<time>`): nothing stays live.
+A failure before the home changes leaves the seat where it was: the home takes it again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import msgspec
 from nats.aio.client import Client
+from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from runtime.wire.leases import HomeRecord, SeatLeases
@@ -31,6 +35,7 @@ from toolchains.artifact import sha256_file
 log = logging.getLogger("mesh.seats")
 
 DATA_BUCKET = "mesh-seat-data"
+DATA_TTL_S = 24 * 3600.0  # a packed folder no target took in goes by itself after a day
 IMPORTED_SUFFIX = ".imported"  # <state>/seats/<seat>.imported: the object this node last took in
 
 
@@ -54,7 +59,8 @@ async def _data_store(nc: Client):  # type: ignore[no-untyped-def]
     try:
         return await js.object_store(DATA_BUCKET)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_object_store(DATA_BUCKET)
+        # A packed folder lives until its target took it in, and at most DATA_TTL_S in any case.
+        return await js.create_object_store(DATA_BUCKET, config=api.ObjectStoreConfig(ttl=DATA_TTL_S))
 
 
 async def export_seat(
@@ -85,7 +91,10 @@ async def export_seat(
         with open(packed, "rb") as f:
             await obs.put(name, f)
         size = packed.stat().st_size
-    record = HomeRecord(node=to, module=module, since=time.time(), how=f"moved from {node}", data=name, sha256=digest)
+    # The store's identity goes with it: the target serves the same store (runtime/seats/store.py).
+    record = msgspec.structs.replace(
+        home.record, node=to, module=module, since=time.time(), how=f"moved from {node}", data=name, sha256=digest
+    )
     await leases.set_home(seat, record, home.revision)
     log.warning("seat %s: data of module %s packed (%d bytes, %s) and handed to node %s", seat, module, size, name, to)
     return record
@@ -158,6 +167,10 @@ async def import_seat(
         while not all(b.state == "ready" and b.pid != before[id(b)] for b in bundles):
             await anyio.sleep(0.05)
     log.warning("seat %s: data taken in (%s, %s); bundles restarted on it", seat, home.how, home.data)
+    try:  # taken in: the packed copy (private entries included) does not stay in the bus
+        await obs.delete(home.data)
+    except Exception as e:  # the bucket's TTL removes it in any case
+        log.warning("seat %s: could not delete the packed data %s (%s); it expires within a day", seat, home.data, e)
 
 
 def _unpack(packed: Path, into: Path) -> None:

@@ -23,11 +23,14 @@ from nats.aio.msg import Msg
 
 from manifests import Seat
 from runtime.calls.routes import ModuleEntry, RouteTable
-from runtime.config import NodeConfig
+from runtime.config import NatsConfig, NodeConfig
 from runtime.hosting.placement import Placement, data_dir
+from runtime.seats.data import SeatData
 from runtime.seats.keeper import SeatKeeper
 from runtime.seats.move import export_seat, import_seat, needs_import
+from runtime.seats.store import move_aside
 from runtime.wire.control import SeatMoveAsk, SeatMoveReply, SeatStatus
+from runtime.wire.errors import NodeError
 from runtime.wire.leases import HomeRecord, SeatLeases
 from runtime.wire.subjects import SEAT_PREFIX, TOOL_PREFIX
 
@@ -48,6 +51,15 @@ class SeatsHost(Protocol):
 
     def served_changed(self, reason: str) -> None:
         """What this node serves changed (its mesh.events.tools notice)."""
+
+    async def start_module(self, module: str) -> None:
+        """A stateful module's steps and tools children, started on its store (the seat is about to be held)."""
+
+    async def stop_module(self, module: str) -> None:
+        """Its tools children stopped: the seat is not held here (any more)."""
+
+    def started(self, bundle: object) -> bool:
+        """Whether this tools runner runs (a stateful module's wait until its seats are held)."""
 
 
 def wanted_seats(placement: Placement) -> list[str]:
@@ -98,11 +110,32 @@ class Seats:
         self.leases: SeatLeases | None = None
         self.nc: Client | None = None
         self.service_id = ""
+        self.bus: NatsConfig | None = None  # how a replicated seat's Litestream reaches the bus
         self._tg: anyio.abc.TaskGroup | None = None
+        table.fence = self.fence
 
-    def serve(self, nc: Client, service_id: str, tg: anyio.abc.TaskGroup) -> None:
+    def fence(self, subject: str, module: str) -> NodeError | None:
+        """A call to a module whose held lease lapsed (this node was paused past it): 503, not served."""
+        for keeper in self.keepers.values():
+            if keeper.module == module and keeper.lapsed():
+                keeper.wake()  # the keeper learns now whether the lease is still its own
+                return keeper.unavailable(subject)
+        return None
+
+    def serve(self, nc: Client, service_id: str, tg: anyio.abc.TaskGroup, bus: NatsConfig | None = None) -> None:
         """The bus, this node's Service API id (named in its leases) and where keepers run."""
-        self.nc, self.service_id, self._tg = nc, service_id, tg
+        self.nc, self.service_id, self._tg, self.bus = nc, service_id, tg, bus
+
+    def shown(self) -> list[SeatStatus]:
+        """Every seat's status for `node status`, a held replicated seat with its replica's sync and lag."""
+        out = []
+        for status in self.status.values():
+            keeper = self.keepers.get(status.seat)
+            if status.state == "held" and keeper is not None and keeper.module == status.module:
+                synced, lag = keeper.sync_facts()
+                status = msgspec.structs.replace(status, synced=synced, lag_s=lag)
+            out.append(status)
+        return out
 
     def held(self) -> list[str]:
         return sorted(s.seat for s in self.status.values() if s.state == "held")
@@ -168,14 +201,16 @@ class Seats:
         if keeper is not None:  # the same module again (an upgrade): the lease stays, the entry is new
             await self.changed(keeper)
             return
-        await self._start_keeper(entry, seat, declared.failover)
+        await self._start_keeper(entry, seat, declared)
 
-    async def _start_keeper(self, entry: ModuleEntry, seat: str, failover: str) -> None:
+    async def _start_keeper(self, entry: ModuleEntry, seat: str, declared: Seat) -> None:
         """A stateful seat is held through its lease, looked at once now and then kept."""
         assert self.nc is not None and self._tg is not None, "seats are claimed while the node serves"
         try:
             if self.leases is None:
-                self.leases = await SeatLeases.open(self.nc, self.config.seats.lease_ttl_s)
+                self.leases = await SeatLeases.open(
+                    self.nc, self.config.seats.lease_ttl_s, self.config.seats.replicas or 3
+                )
         except Exception as e:  # no JetStream on this bus: no lease, so no stateful seat
             # Its module's own tools stay unserved too (entry.stateful keeps the seat): they share its store.
             self._refuse(
@@ -185,6 +220,25 @@ class Seats:
                 "a stateful seat needs JetStream on the bus",
             )
             return
+        failover = declared.failover
+        name = entry.name
+        data = SeatData(
+            nc=self.nc,
+            leases=self.leases,
+            seat=seat,
+            module=name,
+            node=self.node,
+            failover=failover,
+            databases=list(declared.databases),
+            data_dir=data_dir(self.state_dir, name),
+            state_dir=self.state_dir,
+            seats_config=self.config.seats,
+            bus=self.bus,
+            owner=(self.config.child_user, self.config.child_group),
+            start_module=lambda: self.host.start_module(name),
+            stop_module=lambda: self.host.stop_module(name),
+            tg=self._tg,
+        )
         keeper = SeatKeeper(
             self.nc,
             self.leases,
@@ -194,6 +248,7 @@ class Seats:
             service_id=self.service_id,
             run_id=self.run_id,
             failover=failover,
+            data=data,
             queue_group=self.config.queue_group,
             subjects=[f"{SEAT_PREFIX}{seat}.>", f"{TOOL_PREFIX}{entry.name}.>"],
             on_change=self.changed,
@@ -219,7 +274,7 @@ class Seats:
             home=home,
             state_dir=self.state_dir,
             data_dir=data_dir(self.state_dir, entry.name),
-            bundles=list(entry.bundles),
+            bundles=[b for b in entry.bundles if self.host.started(b)],
             owner=(self.config.child_user, self.config.child_group),
             ready_timeout_s=self.config.health.init_timeout_s * 3,
         )
@@ -255,6 +310,10 @@ class Seats:
                     drain_timeout_s=self.config.drain_timeout_s,
                 )
                 reply = SeatMoveReply(ok=True, seat=seat, from_node=self.node, to=to, object=record.data)
+                # The old home's copy is not left live: its children stop, its folder goes aside.
+                await self.host.stop_module(entry.name)
+                aside = move_aside(data_dir(self.state_dir, entry.name))
+                log.warning("seat %s: moved to node %s; this node's folder kept aside in %s", seat, to, aside)
             except Exception as e:  # the home did not change: this node takes the seat back
                 log.error("seat %s: move to node %s failed: %s", seat, to, e)
                 reply = SeatMoveReply(
@@ -280,13 +339,16 @@ class Seats:
             await self.own_tools(entry)
             # Held is said once the seat's subjects and the module's tools are subscribed: status
             # shows the module's bundles `ready` from then on.
-            self.status[seat] = SeatStatus(seat, entry.name, "held")
+            self.status[seat] = SeatStatus(seat, entry.name, "held", store=keeper.store)
             self.host.served_changed(f"seat {seat} held")
             return
         if seat in entry.seats:
             entry.seats.remove(seat)
             self.table.seat_holders.pop(seat, None)
-        self.status[seat] = SeatStatus(seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home)
+        expected = keeper.missing.home.store if keeper.missing is not None else ""
+        self.status[seat] = SeatStatus(
+            seat, entry.name, keeper.state, keeper.reason, keeper.holder, keeper.home, store=expected
+        )
         self.host.rebuild()  # routes first: a call still queued on the subscription is refused
         await self._unsubscribe_quietly(f"{SEAT_PREFIX}{seat}.>")
         await self.own_tools(entry)

@@ -38,6 +38,11 @@ class SeatStatus(msgspec.Struct):
     reason: str = ""
     holder: str = ""  # the node that holds it, when another one does
     home: str = ""  # the node whose disk holds its data, when that is not this one
+    store: str = ""  # the store id it is served from (held), or the one it expects (refused)
+    # A replicated seat held here: when its replica last took a write, and how far the database was
+    # ahead of it then (seconds), as of the holder's last lease renewal.
+    synced: float = 0.0
+    lag_s: float = 0.0
 
 
 class NodeStatus(msgspec.Struct):

@@ -269,14 +269,23 @@ class SeatUnavailable(NodeError):
     code, kind = 503, "seat_unavailable"
 
     def __init__(
-        self, subject: str, seat: str, module: str, node: str, holder: str, why: str, ways_out: list[str]
+        self,
+        subject: str,
+        seat: str,
+        module: str,
+        node: str,
+        holder: str,
+        why: str,
+        ways_out: list[str],
+        store: dict[str, Any] | None = None,
     ) -> None:
         self.subject, self.seat, self.module, self.node = subject, seat, module, node
         self.holder, self.why, self.ways_out = holder, why, ways_out
+        self.store = store  # the store expected (id, node, since), the path looked in, what was found
         super().__init__(f"seat {seat} is unavailable: {why}; node {node} does not serve it from an empty store")
 
     def facts(self) -> dict[str, Any]:
-        return {
+        facts: dict[str, Any] = {
             "subject": self.subject,
             "seat": self.seat,
             "module": self.module,
@@ -284,3 +293,6 @@ class SeatUnavailable(NodeError):
             "holder": self.holder,
             "ways_out": self.ways_out,
         }
+        if self.store is not None:
+            facts["store"] = self.store
+        return facts

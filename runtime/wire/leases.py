@@ -31,6 +31,7 @@ LEASE_BUCKET = "mesh-seat-leases"
 HOME_BUCKET = "mesh-seat-homes"
 # A lease record is small; a bigger value is not ours and is read as garbage, not trusted.
 MAX_RECORD_BYTES = 4096
+NEWEST = "newest"  # HomeRecord.restore_at: the newest point of the replica, restored by the node named
 
 
 class LeaseRecord(msgspec.Struct, frozen=True):
@@ -39,6 +40,10 @@ class LeaseRecord(msgspec.Struct, frozen=True):
     service: str  # the holder's Service API id: whether it lives is one $SRV.PING away
     run: str  # the holding process's run id: a restarted node is another process
     since: float  # unix time the hold began
+    # A replicated seat: when its replica last took a write (unix time, 0: never), and how far the
+    # holder's database is ahead of it (seconds), as the holder saw at its last renewal.
+    synced: float = 0.0
+    lag_s: float = 0.0
 
 
 class HomeRecord(msgspec.Struct, frozen=True):
@@ -48,6 +53,17 @@ class HomeRecord(msgspec.Struct, frozen=True):
     how: str = "first holder"  # or what the operator did: adopted, moved
     data: str = ""  # a moved seat: the object in `mesh-seat-data` holding its data
     sha256: str = ""  # of that object
+    # The store's identity (runtime/seats/store.py): a random id, the node that made it, when. A node
+    # serves the seat only from a folder (or a replica) carrying this id.
+    store: str = ""
+    store_node: str = ""
+    store_since: float = 0.0
+    # A replicated seat (runtime/seats/replica.py): the current generation's bucket prefix (one
+    # bucket a database: `<replica>-<i>`), and whether its last holder stopped cleanly (its
+    # replica then holds every answered write: no ids to skip).
+    replica: str = ""
+    clean: bool = False
+    restore_at: str = ""  # `meshctl seat restore --at`: the point in time the named node restores
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -82,17 +98,23 @@ def _is_wrong_sequence(e: Exception) -> bool:
     return isinstance(e, KeyWrongLastSequenceError) or "wrong last sequence" in str(e).lower()
 
 
-async def _bucket(nc: Client, name: str, ttl: float | None) -> KeyValue:
+async def _bucket(nc: Client, name: str, ttl: float | None, replicas: int = 1) -> KeyValue:
     js = nc.jetstream()
     try:
         return await js.key_value(name)
     except (BucketNotFoundError, NotFoundError):
         pass
     try:
-        return await js.create_key_value(bucket=name, history=1, ttl=ttl)
-    except BadRequestError:
+        return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
+    except BadRequestError as e:
+        if replicas > 1 and "replicas" in str(e).lower():  # a lone server (or too few): one replica
+            return await _bucket(nc, name, ttl, 1)
         # Another node made it at the same instant, perhaps with another TTL: use theirs.
         return await js.key_value(name)
+    except Exception as e:
+        if replicas > 1 and ("replicas" in str(e).lower() or "insufficient" in str(e).lower()):
+            return await _bucket(nc, name, ttl, 1)
+        raise
 
 
 class SeatLeases:
@@ -102,9 +124,10 @@ class SeatLeases:
         self.leases, self.homes, self.ttl_s = leases, homes, ttl_s
 
     @classmethod
-    async def open(cls, nc: Client, ttl_s: float) -> SeatLeases:
-        leases = await _bucket(nc, LEASE_BUCKET, ttl_s)
-        homes = await _bucket(nc, HOME_BUCKET, None)
+    async def open(cls, nc: Client, ttl_s: float, replicas: int = 1) -> SeatLeases:
+        """`replicas`: of the buckets when this node makes them (a cluster keeps its seats when a server dies)."""
+        leases = await _bucket(nc, LEASE_BUCKET, ttl_s, replicas)
+        homes = await _bucket(nc, HOME_BUCKET, None, replicas)
         status = await leases.status()
         # The bucket's age is the lease's life, whatever this node's config says.
         return cls(leases, homes, float(status.ttl or ttl_s))

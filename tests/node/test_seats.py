@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,8 @@ async def test_one_node_holds_the_stateful_seat_the_other_stands_by_naming_it(
     for subject in ["mesh.tool.store.remember"] * 5 + ["mesh.seat.memory.get"] * 5:
         _, code = await m.call(subject, {})
         assert code is None
-    assert len(child_of(script, "a")[0].calls()) == 10 and child_of(script, "b")[0].calls() == []
+    # b runs no child of the module at all: no store where the seat is not held.
+    assert len(child_of(script, "a")[0].calls()) == 10 and child_of(script, "b") == []
     leases = await SeatLeases.open(m.nc, 1.5)
     lease = await leases.read("memory")
     assert lease is not None and lease.record.node == "a"
@@ -192,7 +194,7 @@ async def test_a_clean_stop_releases_the_lease_and_the_standby_answers_503_with_
     assert_seat_503(body, holder="a", node="b")
     seat = await seat_of(m, "b")
     assert (seat.state, seat.home) == ("refused", "a") and "keeps its data on node a's disk" in seat.reason
-    assert child_of(script, "b")[0].calls() == [] and (await m.status("b")).bundle("store/tools").state == "standby"  # type: ignore[union-attr]
+    assert child_of(script, "b") == [] and (await m.status("b")).bundle("store/tools").state == "standby"  # type: ignore[union-attr]
 
 
 async def test_a_killed_holder_is_named_silent_and_no_call_lands_in_the_empty_store(
@@ -208,7 +210,7 @@ async def test_a_killed_holder_is_named_silent_and_no_call_lands_in_the_empty_st
     await until(lambda: _refused_home(m, "b", "a"), "b naming a's disk as the seat's home", timeout=8)
     body, code = await m.call("mesh.tool.store.remember", {})
     assert code == "503" and "its data lives on node a's disk" in body["error"]["message"]
-    assert child_of(script, "b")[0].calls() == []
+    assert child_of(script, "b") == []
 
 
 async def _refused_home(m: Mesh, node: str, home: str) -> bool:
@@ -265,6 +267,7 @@ async def test_a_seat_move_takes_the_data_to_the_other_node_which_then_holds_it(
 ) -> None:
     await pair(m, tmp_path, script)
     (m.tmp / "state-a" / "data" / "store" / "kept.txt").write_text("kept on a")
+    (m.tmp / "state-b" / "data" / "store").mkdir(parents=True)  # b, on standby, made no folder of its own
     (m.tmp / "state-b" / "data" / "store" / "own.txt").write_text("b's own")
     ask = msgspec.json.encode(SeatMoveAsk(seat="memory", to="b"))
     msg = await m.nc.request(node_subject("a", SEAT_MOVE), ask, timeout=10)
@@ -276,10 +279,26 @@ async def test_a_seat_move_takes_the_data_to_the_other_node_which_then_holds_it(
     assert (data_b / "store" / "kept.txt").read_text() == "kept on a"
     [aside] = data_b.glob("store.before-move-*")  # b's own folder is kept aside, never deleted
     assert (aside / "own.txt").read_text() == "b's own"
-    assert len(child_of(script, "b")) == 2  # restarted on the moved data
+    assert len(child_of(script, "b")) == 1  # started once, on the moved data
     await until(lambda: _elsewhere(m, "a", "b"), "a standing by for b")
     _, code = await m.call("mesh.tool.store.remember", {})
     assert code is None and len(child_of(script, "b")[-1].calls()) == 1
+    # Nothing left behind: a's folder aside (not live), the packed copy gone from the bus, the store the same.
+    data_a = m.tmp / "state-a" / "data"
+    assert not (data_a / "store").exists() and [p.name for p in data_a.glob("store.stale-*")]
+    assert not child_of(script, "a")[-1].running
+    obs = await m.nc.jetstream().object_store("mesh-seat-data")
+    assert not await _has_objects(obs)
+    moved = json.loads((data_b / "store" / ".mesh-store-memory.json").read_text())["store"]
+    home = await (await SeatLeases.open(m.nc, 1.5)).home("memory")
+    assert home is not None and home.record.store == moved and home.record.store_node == "a"  # type: ignore[union-attr]
+
+
+async def _has_objects(obs: Any) -> bool:
+    try:
+        return bool(await obs.list(ignore_deletes=True))
+    except Exception:  # nats-py says "no objects" with an exception
+        return False
 
 
 async def test_a_removed_modules_refused_claim_is_gone_from_status(tmp_path: Path, m: Mesh, script: Script) -> None:
@@ -347,3 +366,52 @@ async def test_a_standby_node_lists_none_of_the_modules_endpoints(tmp_path: Path
     assert sorted(e["subject"] for e in infos["a"]["endpoints"]) == ["mesh.seat.memory.get", "mesh.tool.store.remember"]
     assert infos["b"]["endpoints"] == [] and infos["b"]["metadata"]["seats"] == ""
     assert infos["a"]["metadata"]["seats"] == "memory"
+
+
+# --- the store's identity (issue 22) ---------------------------------------------------------------
+async def test_a_local_seat_restarted_on_an_empty_state_folder_answers_503_naming_its_store_and_creates_nothing(
+    tmp_path: Path, m: Mesh, script: Script
+) -> None:
+    await pair(m, tmp_path, script)
+    home = await (await SeatLeases.open(m.nc, 1.5)).home("memory")
+    assert home is not None and home.record.store and home.record.store_node == "a"  # type: ignore[union-attr]
+    expected = home.record.store  # type: ignore[union-attr]
+    folder = m.tmp / "state-a" / "data" / "store"
+    assert json.loads((folder / ".mesh-store-memory.json").read_text())["store"] == expected
+    assert (await seat_of(m, "a")).store == expected
+    await m.stop("b")  # only a answers now
+    await m.stop("a")
+    shutil.rmtree(m.tmp / "state-a")  # a new disk: the same name, an empty state folder
+    await m.start("a", store(tmp_path, "a"), seats=SEATS)
+    for subject in ("mesh.seat.memory.get", "mesh.tool.store.remember"):
+        body = await answer(m, subject, "503")
+        e = body["error"]
+        assert (e["kind"], e["seat"], e["node"]) == ("seat_unavailable", "memory", "a"), e
+        assert e["store"]["id"] == expected and e["store"]["node"] == "a" and e["store"]["since"] > 0, e
+        assert e["store"]["path"] == str(folder) and e["store"]["found"] == "no folder", e
+        assert expected in e["message"] and str(folder) in e["message"]
+        assert any("meshctl seat restore memory --node a" in w for w in e["ways_out"]), e["ways_out"]
+        assert any("meshctl seat adopt memory --node a" in w for w in e["ways_out"]), e["ways_out"]
+    seat = await seat_of(m, "a")
+    assert (seat.state, seat.store) == ("refused", expected) and expected in seat.reason
+    assert not folder.exists() and child_of(script, "a")[-1].spec.env["MESH_NODE"] == "a"  # type: ignore[union-attr]
+    assert len(child_of(script, "a")) == 1  # the first run's child only: no child, no store on the new disk
+    assert (await m.status("a")).bundle("store/tools").state == "standby"  # type: ignore[union-attr]
+    # The operator's word: a new, empty store on purpose, with a new id.
+    await adopt(m.nc, "memory", "a")
+    await answer(m, "mesh.seat.memory.get", None)
+    new = json.loads((folder / ".mesh-store-memory.json").read_text())["store"]
+    assert new != expected and (await seat_of(m, "a")).store == new
+
+
+async def test_a_folder_holding_another_store_is_not_served(tmp_path: Path, m: Mesh, script: Script) -> None:
+    await pair(m, tmp_path, script)
+    await m.stop("b")
+    await m.stop("a")
+    folder = m.tmp / "state-a" / "data" / "store"
+    identity = json.loads((folder / ".mesh-store-memory.json").read_text())
+    (folder / ".mesh-store-memory.json").write_text(json.dumps({**identity, "store": "0123456789abcdef"}))
+    await m.start("a", store(tmp_path, "a"), seats=SEATS)
+    body = await answer(m, "mesh.seat.memory.get", "503")
+    assert "store 0123456789abcdef (made on node a), another store" == body["error"]["store"]["found"]
+    assert sorted(p.name for p in folder.iterdir()) == [".mesh-store-memory.json"]  # nothing added

@@ -39,6 +39,16 @@ templates = jinja2.Environment(
 )
 
 
+def ago(at: float) -> str:
+    """A wall-clock time (seconds since the epoch) as how long ago it was; "" for none."""
+    if not isinstance(at, (int, float)) or at <= 0:
+        return ""
+    return f"{max(0.0, time.time() - at):.0f} s ago"
+
+
+templates.globals["ago"] = ago
+
+
 class Guard:
     """Every answer gets the security headers; a request naming a host this console is not is refused
     (a page of another site rebinding its name to 127.0.0.1 reads nothing)."""

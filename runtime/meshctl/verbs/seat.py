@@ -38,6 +38,15 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
         "--timeout", type=seconds, default=60.0, help="seconds for the move and for NODE to take the seat"
     )
     seat_move.set_defaults(func=cmd_seat_move)
+    seat_restore = seat_verbs.add_parser(
+        "restore",
+        help="restore a replicated seat's store from its replica onto NODE, which then holds it",
+        parents=[bus],
+    )
+    seat_restore.add_argument("seat")
+    seat_restore.add_argument("--node", required=True, help="the node that restores the store and holds the seat")
+    seat_restore.add_argument("--at", default="", metavar="TIME", help="a point in time (RFC 3339), else the newest")
+    seat_restore.set_defaults(func=cmd_seat_restore)
 
 
 def _on_bus(args: argparse.Namespace, verb: Callable[[Client], Awaitable[T]]) -> T:
@@ -60,10 +69,13 @@ def cmd_seat_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([msgspec.to_builtins(r) for r in rows], indent=2))
         return 0
-    lines = [("SEAT", "HOLDER", "MODULE", "HELD FOR", "DATA ON")]
+    lines = [("SEAT", "HOLDER", "MODULE", "HELD FOR", "DATA ON", "STORE", "LAST SYNC", "LAG")]
     for r in rows:
         held_for = f"{time.time() - r.since:.0f} s" if r.holder else "-"
-        lines.append((r.seat, r.holder or "(free)", r.module, held_for, r.home or "(replicated or none)"))
+        data_on = f"replica ({r.home})" if r.replica else (r.home or "(none)")
+        synced = f"{time.time() - r.last_sync:.1f} s ago" if r.last_sync else "-"
+        lag = f"{r.lag_s:.1f} s" if r.replica and r.holder else "-"
+        lines.append((r.seat, r.holder or "(free)", r.module, held_for, data_on, r.store or "-", synced, lag))
     table(lines)
     return 0
 
@@ -91,4 +103,15 @@ def cmd_seat_move(args: argparse.Namespace) -> int:
         )
         return 1
     print(f"node {args.to} holds seat {args.seat} now")
+    return 0
+
+
+def cmd_seat_restore(args: argparse.Namespace) -> int:
+    from runtime.meshctl.seats import restore
+
+    record = _on_bus(args, lambda nc: restore(nc, args.seat, args.node, args.at))
+    print(
+        f"seat {args.seat}: node {record.node} restores store {record.store} from its replica"
+        f"{' at ' + args.at if args.at else ''} and then holds the seat (see `meshctl seat list`)"
+    )
     return 0
