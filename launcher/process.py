@@ -269,13 +269,19 @@ class ChildProcess:
         child = cls(on_stdout, on_stderr, spec)
         group, extra_groups = _identity(spec.user, spec.group)
         env = spec.env
-        confinement = spec.confinement or sandbox.trial_confinement(spec.argv, spec.env)
+        confinement = spec.confinement
+        support = None
         if confinement is not None:
-            # The sandbox helper sets the parent-death signal, confines, then execs the child in
-            # place (same pid): no preexec_fn, so Python still spawns with vfork.
             if not sandbox.is_ready(spec.user, spec.group):  # the first time only: a probe (and maybe a build)
                 await anyio.to_thread.run_sync(sandbox.support, spec.user, spec.group)
             support = sandbox.support(spec.user, spec.group)
+            if support.helper is None and not confinement.required:
+                # No helper at all ([sandbox] required = false): run as an unconfined child, said.
+                child.confinement = sandbox.describe(confinement, support)
+                confinement = None
+        if confinement is not None and support is not None:
+            # The sandbox helper sets the parent-death signal, confines, then execs the child in
+            # place (same pid): no preexec_fn, so Python still spawns with vfork.
             prefix = sandbox.helper_argv(confinement, support, os.getpid())  # SandboxUnavailable: not started
             _check_runnable(spec.argv[0], spec.env.get("PATH"))
             sandbox.prepare_folders(confinement, spec.user, group)

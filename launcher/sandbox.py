@@ -25,7 +25,6 @@ import pwd
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import msgspec
 
@@ -339,29 +338,6 @@ def _uid(user: int | str | None) -> int:
 def is_ready(user: int | str | None = None, group: int | str | None = None) -> bool:
     """Whether `support(user, group)` is known already (a spawn then asks nothing of the machine)."""
     return (user, group) in _supported
-
-
-TRIAL_ENV = "MESH_SANDBOX_ALL"
-
-
-def trial_confinement(argv: list[str], env: dict[str, str]) -> Confinement | None:
-    """Phase 1's switch (`MESH_SANDBOX_ALL=1` in the node's environment): a confinement derived
-    from what the node already gives every child (MESH_BUNDLE_DIR, MESH_DATA_DIR), for a child
-    spawned without one, so the node's children can be run confined before the node passes its
-    own. The temporary folder is <state>/tmp/<module>.<bundle>, beside <state>/data."""
-    if os.environ.get(TRIAL_ENV) != "1":
-        return None
-    bundle_dir, data_dir = env.get("MESH_BUNDLE_DIR"), env.get("MESH_DATA_DIR")
-    if not bundle_dir or not data_dir:
-        return None
-    state = Path(data_dir).parent.parent
-    name = f"{env.get('MESH_MODULE', 'module')}.{env.get('MESH_BUNDLE', 'bundle')}"
-    return Confinement(
-        bundle_dir=bundle_dir,
-        data_dir=data_dir,
-        tmp_dir=str(state / "tmp" / name),
-        runtime=program_paths(argv[0]),
-    )
 
 
 def main(argv: list[str]) -> int:

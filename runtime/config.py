@@ -52,6 +52,9 @@ listen = "127.0.0.1:9464"           # Prometheus text at http://127.0.0.1:9464/m
 beat_s = 5                          # its heartbeat; readers drop it three beats after the last
 replicas = 1                        # of the bucket, when this node makes it: 3 in a cluster
 
+[sandbox]                           # every child confined by the kernel (docs/internals.md, "Confinement")
+required = true                     # false: where the kernel lacks Landlock, children run unconfined (one WARNING)
+
 [build_cache]                       # what the toolchains keep between builds (MESH_TOOLCHAIN_CACHE)
 max_age_days = 14                   # a kept build folder unused this long is removed
 max_size_gb = 10                    # per toolchain: beyond it the least recently used go first
@@ -186,6 +189,15 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     listen: str | None = None
 
 
+class SandboxConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Every child the node starts is confined (launcher/sandbox.py, docs/internals.md)."""
+
+    # True: a child whose confinement this machine cannot give (no Landlock, no sandbox helper)
+    # is refused with the reason and the other bundles serve. False: it runs with what there is,
+    # the node says so once (a WARNING) and in `meshctl node status`.
+    required: bool = True
+
+
 class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     name: str = ""
     state_dir: str = ""
@@ -211,6 +223,7 @@ class NodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     build_cache: CacheBound = msgspec.field(default_factory=CacheBound)  # toolchains/cache_bound.py
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     catalog: CatalogConfig = msgspec.field(default_factory=CatalogConfig)
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
 
 class ConfigError(Exception):

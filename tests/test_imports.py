@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import filecmp
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -290,3 +292,63 @@ def test_no_version_takes_the_newest_and_writes_it_into_the_lock(tmp_path: Path)
         assert f"module of {spec}" in proc.stdout
         assert json.loads((out / "package" / "mesh-import.json").read_text())["spec"] == spec
         assert f'ref = "{spec}"' in (out / "module.toml").read_text()
+
+
+class _Counted(http.server.BaseHTTPRequestHandler):
+    """The test's own HTTP server on 127.0.0.1: counts the requests that reach it."""
+
+    hits: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        type(self).hits.append(self.path)
+        body = b"reached the test's port\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_an_imported_server_reaches_only_what_allow_net_lets_it(
+    built: dict[str, tuple[Path, Path]], tmp_path: Path, node_factory
+) -> None:
+    """server-everything's gzip-file-as-resource fetches a URL: imported without --allow-net it
+    cannot reach the test's port (no network at all); imported with --allow-net 127.0.0.1:PORT,
+    recorded in its module.toml, it can."""
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counted)
+    port = listener.server_address[1]
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    try:
+        mods = tmp_path / "mods"
+        shutil.copytree(built[EVERYTHING][0], mods / "everything")
+        assert "network = []" in (mods / "everything" / "module.toml").read_text()
+        proc = meshctl(
+            "module", "import", EVERYTHING, "--name", "everything-net", "--out", str(mods / "everything-net"),
+            "--allow-net", f"127.0.0.1:{port}", "--", "stdio",
+        )  # fmt: skip
+        assert f"network: 127.0.0.1:{port}" in proc.stdout
+        assert f'network = ["127.0.0.1:{port}"]' in (mods / "everything-net" / "module.toml").read_text()
+        node = node_factory(mods, config=NODE_CONFIG, env={"MESH_PACKAGE_CACHE": str(CACHE), "MESH_OFFLINE": "1"})
+        nc = await client(node.bus_url())
+        shut = await wait_state(nc, node.name, "everything/tools", "ready", timeout=180)
+        opened = await wait_state(nc, node.name, "everything-net/tools", "ready", timeout=180)
+        assert shut["confinement"].endswith("+ netns"), shut
+        assert opened["confinement"].endswith(f"+ tcp {port}"), opened
+        url = {"data": f"http://127.0.0.1:{port}/file.txt", "name": "f.gz", "outputType": "resource"}
+        code, result = await call(nc, "mesh.tool.everything.gzip-file-as-resource", url, timeout=30)
+        assert result.get("isError") or code != 200, result
+        assert _Counted.hits == []  # nothing reached the port
+        code, result = await call(nc, "mesh.tool.everything-net.gzip-file-as-resource", url, timeout=30)
+        assert code == 200 and not result.get("isError"), result
+        assert _Counted.hits == ["/file.txt"]
+        await nc.close()
+    finally:
+        listener.shutdown()
+
+
+def test_allow_net_is_checked_before_anything_is_fetched(tmp_path: Path) -> None:
+    proc = meshctl("module", "import", TIME, "--out", str(tmp_path / "m"), "--allow-net", "localhost", check=False)
+    assert proc.returncode == 1 and "--allow-net 'localhost'" in proc.stderr and "HOST:PORT" in proc.stderr
+    assert not (tmp_path / "m").exists()

@@ -90,6 +90,7 @@ language = "python"
 source = "src"
 entry = ["python", "raw_child.py"]
 env = {{ RAW_VERSION = "{version}", RAW_START_LOG = "{starts}" }}
+write = ["{starts.parent}"]  # the test's own folder for the start log: confined, it can write nowhere else
 """
 
 
@@ -172,7 +173,8 @@ async def until(check: Any, what: str, timeout: float = 30) -> Any:
 async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Path, node_factory, nats_server) -> None:
     empty = tmp_path / "none"
     empty.mkdir()
-    starts = tmp_path / "tools-starts.log"
+    starts = tmp_path / "starts" / "tools-starts.log"
+    starts.parent.mkdir()
     start = dict(name=f"hosting-{os.getpid()}", config=NODE_RUNS_SERVICES, env={"MESH_TEST_SECRET": "do-not-leak"})
     node = node_factory(empty, **start)
     data = node.state_dir / "data" / "hosted"
@@ -312,7 +314,8 @@ async def test_service_and_step_delivered_to_a_node_without_systemd(tmp_path: Pa
 def test_a_step_past_its_timeout_refuses_the_module_served_from_source(tmp_path: Path, node_factory) -> None:
     mods = tmp_path / "mods"
     folder = module_source(mods / "hosted")
-    text = manifest("1.0.0", tmp_path / "starts.log", step_env=', STEP_SLEEP = "30"', step_timeout_ms=1000)
+    (tmp_path / "starts").mkdir()
+    text = manifest("1.0.0", tmp_path / "starts" / "starts.log", step_env=', STEP_SLEEP = "30"', step_timeout_ms=1000)
     (folder / "module.toml").write_text(text.replace('source = "src"', 'source = "."'))
     started = time.monotonic()
     node = node_factory(mods, name=f"timeout-{os.getpid()}", config=NODE_RUNS_SERVICES)

@@ -16,6 +16,7 @@ from launcher.reaper import MARKER_VAR
 from manifests import BundleManifest
 from manifests.imported import is_package_bundle
 from runtime.config import NodeConfig
+from runtime.hosting.confine import confinement_of
 from runtime.hosting.from_source import preparer
 from runtime.hosting.placement import RUN_FROM_SOURCE, Placement, data_dir
 from runtime.hosting.secrets import SecretsError, bundle_secrets
@@ -28,7 +29,7 @@ def child_of(
     placement: Placement, spec: BundleManifest, config: NodeConfig, run_id: str
 ) -> tuple[ChildSpec, Callable[[], Awaitable[ChildSpec]] | None]:
     """What the node runs for one bundle of a placement, whatever its kind: the child (argv,
-    folder, environment, user) and, for compiled code served from source, the build that
+    folder, environment, user, confinement) and, for compiled code served from source, the build that
     gives the child to run. One environment contract for tools, service and step bundles.
 
     `config` is the node's, finished (name and state folder set); `run_id` marks every child of
@@ -63,7 +64,16 @@ def child_of(
     # Who the node's own OS user is as a person: what a console on this machine passes for the
     # operator (a module that trusts the local caller may trust that person through a console).
     env[LOCAL_PERSON_VAR] = os_person().id
-    child = ChildSpec(argv=argv, cwd=str(bundle_dir), env=env, user=config.child_user, group=config.child_group)
+    # Confined by default, whatever the bundle: its folder, its data, a private TMPDIR, the system.
+    confinement = confinement_of(spec, module.name, bundle_dir, argv, config)
+    child = ChildSpec(
+        argv=argv,
+        cwd=str(bundle_dir),
+        env=env,
+        user=config.child_user,
+        group=config.child_group,
+        confinement=confinement,
+    )
     prepare = preparer(placement.loaded, spec, config.state_dir, child, config.build_cache) if built_first else None
     return child, prepare
 

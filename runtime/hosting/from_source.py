@@ -10,6 +10,7 @@ restart does not pay for a TypeScript or Rust build again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -25,6 +26,7 @@ import msgspec
 from launcher.env import resolve_argv
 from launcher.process import ChildSpec
 from manifests import BundleManifest, LoadedModule
+from runtime.hosting.confine import moved
 from toolchains.build import find_repo_root, stage_bundle
 from toolchains.bytecode import compile_bytecode
 from toolchains.cache_bound import CacheBound
@@ -184,6 +186,8 @@ def preparer(
             env[k] = v.replace("{bundle_dir}", str(target))
         env["MESH_BUNDLE_DIR"] = str(target)
         argv = resolve_argv(spec.entry, target)
-        return ChildSpec(argv=argv, cwd=str(target), env=env, user=child.user, group=child.group)
+        # The confinement moves with the child: the build's folder is the one it may read.
+        confinement = moved(child.confinement, target, argv) if child.confinement is not None else None
+        return dataclasses.replace(child, argv=argv, cwd=str(target), env=env, confinement=confinement)
 
     return prepare

@@ -119,6 +119,7 @@ class Control:
             identity=self.identity,
             cluster=at.cluster,
             server=at.server,
+            sandbox=modules.sandbox,
         )
 
     async def _on_status(self, msg: Msg) -> None:

@@ -58,6 +58,7 @@ class ModuleHost(RunnerEvents):
         self.seats = Seats(config.name, config, self.table, run_id, host=self)
         self.sources: dict[str, str] = {}
         self.problems: list[str] = []  # modules refused at start (a step failed)
+        self.sandbox = ""  # what the children are confined with (runtime/hosting/confine.py), for status
         self.delivery_problems: dict[str, str] = {}
         self._prestarted: dict[str, list[BundleRunner]] = {}  # started before the bus answered
         # A stateful module's tools runners start only where its seats are held (no store elsewhere):

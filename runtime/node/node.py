@@ -37,6 +37,7 @@ from runtime.calls.identity import CallerStamp
 from runtime.calls.tracing import Tracing
 from runtime.config import NatsConfig, NodeConfig
 from runtime.delivery.reconciler import Reconciler
+from runtime.hosting.confine import node_sandbox
 from runtime.hosting.placement import Placement
 from runtime.node.callers import Callers
 from runtime.node.catalog import CatalogWriter
@@ -220,6 +221,7 @@ class Node:
         async with anyio.create_task_group() as bundles_tg:
             modules = ModuleHost(self.config, self.run_id, self.reaper, bundles_tg)
             modules.problems.extend(self.problems)
+            modules.sandbox = await node_sandbox(self.config)  # said once: what every child is confined with
             # Steps first (once per version): a module whose step fails is named, and not served.
             placements = [p for p in placements if await modules.steps_pass(p)]
             # The children start before the bus is reached: a bus that is down delays calls, not starts.

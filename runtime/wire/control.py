@@ -61,6 +61,9 @@ class NodeStatus(msgspec.Struct):
     identity: str = ""
     cluster: str = ""  # the NATS cluster of the server the node is connected to ("" for a lone server)
     server: str = ""  # that server's name
+    # What the node's children are confined with (runtime/hosting/confine.py `node_sandbox`):
+    # "landlock v7 + seccomp", or what is missing and whether [sandbox] required refuses them.
+    sandbox: str = ""
 
     def bundle(self, key: str) -> BundleStatus | None:
         """The bundle `module/bundle`, if this node runs it."""

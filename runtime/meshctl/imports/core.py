@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from manifests.imported import LANGUAGE_OF, REGISTRIES, encode_lock, lock_path
-from manifests.model import NAME_RE
+from manifests.model import MAX_SANDBOX_ENTRIES, NAME_RE, parse_endpoint
 from runtime.meshctl.imports.cargo import resolve as cargo_resolve
 from runtime.meshctl.imports.fetch import Fetch, ImportFailed, Resolved
 from runtime.meshctl.imports.gomod import resolve as go_resolve
@@ -44,10 +44,16 @@ def import_package(
     args: list[str] | None = None,
     cache: Path | None = None,
     offline: bool = False,
+    allow_net: list[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Fetch the package of `text` (a SPEC) and write its module folder; return the folder."""
+    """Fetch the package of `text` (a SPEC) and write its module folder; return the folder.
+
+    `allow_net`: the TCP destinations ("HOST:PORT") the server may connect to, written into the
+    manifest's `network`; none: it runs with no network at all (docs/internals.md, "Confinement").
+    """
     spec = parse_spec(text)
+    network = checked_network(text, allow_net or [])
     module_name = name or default_name(spec)
     if not NAME_RE.match(module_name):
         raise ImportFailed(text, f"{module_name!r} is not a module name ([a-z][a-z0-9-]{{0,62}}); give one with --name")
@@ -67,7 +73,7 @@ def import_package(
         for rel, data in sorted(resolved.files.items()):
             (scratch / SOURCE / rel).write_bytes(data)
         lock_path(scratch / SOURCE).write_bytes(encode_lock(resolved.lock))
-        (scratch / "module.toml").write_text(_manifest(module_name, resolved), "utf-8")
+        (scratch / "module.toml").write_text(_manifest(module_name, resolved, network), "utf-8")
         if target.exists():
             target.rmdir()  # empty, checked above
         scratch.rename(target)
@@ -77,12 +83,24 @@ def import_package(
     return target
 
 
+def checked_network(text: str, allow_net: list[str]) -> list[str]:
+    """`--allow-net` values, each checked as the manifest's `network` is (before anything is fetched)."""
+    if len(allow_net) > MAX_SANDBOX_ENTRIES:
+        raise ImportFailed(text, f"--allow-net is given {len(allow_net)} times; at most {MAX_SANDBOX_ENTRIES}")
+    for entry in allow_net:
+        try:
+            parse_endpoint(entry)
+        except ValueError as e:
+            raise ImportFailed(text, f"--allow-net {entry!r}: {e}") from None
+    return list(dict.fromkeys(allow_net))
+
+
 def _toml(value: object) -> str:
     # JSON strings and arrays of strings are valid TOML basic strings and arrays.
     return json.dumps(value, ensure_ascii=False)
 
 
-def _manifest(name: str, resolved: Resolved) -> str:
+def _manifest(name: str, resolved: Resolved, network: list[str]) -> str:
     lock = resolved.lock
     lines = [
         f"# Imported by `meshctl module import {lock.spec}`: third-party code from {REGISTRIES[lock.registry]},",
@@ -103,6 +121,9 @@ def _manifest(name: str, resolved: Resolved) -> str:
         "# Secrets (API keys) the server reads: name them here; their values come from the node's",
         "# environment or its secrets file, never from this file.",
         "# pass_env = []",
+        "# The TCP destinations it may connect to (`meshctl module import --allow-net HOST:PORT`);",
+        "# none: no network at all. Enforced by the kernel, as every bundle's sandbox is.",
+        f"network = {_toml(network)}",
         "",
         "[[artifact]]",
         'kind = "package"',

@@ -30,6 +30,14 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
     imp.add_argument(
         "--offline", action="store_true", help="use the package cache only, never the network (also MESH_OFFLINE=1)"
     )
+    imp.add_argument(
+        "--allow-net",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a TCP destination the server may connect to (repeatable; written into its manifest's network); "
+        "none: the server has no network at all",
+    )
     imp.set_defaults(func=cmd_module_import)
 
 
@@ -69,9 +77,12 @@ def cmd_module_import(args: argparse.Namespace) -> int:
         args=args.server_args,
         cache=Path(args.cache) if args.cache else None,
         offline=args.offline or offline(),
+        allow_net=args.allow_net,
         log=lambda line: print(line, flush=True),
     )
     lock = read_lock(folder / SOURCE)
     print(f"{folder}: module of {lock.spec} ({len(lock.fetched)} locked files), entry {' '.join(lock.entry)}")
+    net = ", ".join(dict.fromkeys(args.allow_net)) or "none (give --allow-net HOST:PORT to allow a destination)"
+    print(f"network: {net}")
     print(f"next: meshctl module check {folder} && meshctl bundle build {folder} --out out")
     return 0

@@ -179,10 +179,25 @@ def cmd_node_status(args: argparse.Namespace) -> int:
     )
     if status.identity:
         print(f"callers: {status.identity}")
+    if status.sandbox:
+        print(f"sandbox: {status.sandbox}")
     # Tools and service bundles in one table: KIND says which, RUNS who supervises it (the node,
     # or systemd as a unit), LAST EXIT how its child last ended.
     rows = [
-        ("BUNDLE", "KIND", "LANGUAGE", "RUNS", "STATE", "PID", "MCP", "RESTARTS", "TOOLS", "LAST EXIT", "LAST ERROR")
+        (
+            "BUNDLE",
+            "KIND",
+            "LANGUAGE",
+            "RUNS",
+            "STATE",
+            "PID",
+            "MCP",
+            "RESTARTS",
+            "TOOLS",
+            "CONFINEMENT",
+            "LAST EXIT",
+            "LAST ERROR",
+        )
     ]
     for b in status.bundles:
         rows.append(
@@ -196,6 +211,7 @@ def cmd_node_status(args: argparse.Namespace) -> int:
                 f"{b.protocol_version} ({b.era})" if b.protocol_version else "-",
                 str(b.restarts),
                 str(len(b.tools)) if b.kind == "tools" else "-",
+                b.confinement or "-",
                 b.last_exit or "-",
                 b.last_error or "",
             )

@@ -122,20 +122,6 @@ def test_the_probe_line_is_read_for_every_outcome() -> None:
     assert bare is not None and bare.groups() == ("0", "EPERM", "EPERM", "EINVAL")
 
 
-def test_the_trial_switch_derives_a_confinement_from_the_childs_facts(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"MESH_BUNDLE_DIR": "/srv/b", "MESH_DATA_DIR": "/state/data/m", "MESH_MODULE": "m", "MESH_BUNDLE": "tools"}
-    monkeypatch.delenv(sandbox.TRIAL_ENV, raising=False)
-    assert sandbox.trial_confinement([sys.executable], env) is None
-    monkeypatch.setenv(sandbox.TRIAL_ENV, "1")
-    box = sandbox.trial_confinement([sys.executable], env)
-    assert box is not None and (box.bundle_dir, box.data_dir, box.tmp_dir) == (
-        "/srv/b",
-        "/state/data/m",
-        "/state/tmp/m.tools",
-    )
-    assert sandbox.trial_confinement([sys.executable], {}) is None  # not a node's child: left as it is
-
-
 def test_the_nodes_python_brings_its_prefix_and_the_sdk() -> None:
     paths = sandbox.program_paths(sys.executable)
     for prefix in (sys.prefix, sys.base_prefix):
