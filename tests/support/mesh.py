@@ -148,7 +148,7 @@ class NodeProcess:
         ]
         if url:
             argv += ["--nats", url]
-        else:
+        elif "--embedded-port" not in (extra_args or []):
             argv += ["--embedded-port", "0"]
         full_env = dict(os.environ)
         full_env.update(env or {})

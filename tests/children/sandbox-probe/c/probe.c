@@ -1,6 +1,7 @@
 /* sandbox-probe in C: the same attempts as python/main.py, from a compiled child (no
  * interpreter between it and the kernel). Tool `attempt` takes {"arguments": "<JSON>"};
- * `sandbox-probe-c once` reads PROBE_ARGS, prints the outcomes as one JSON line and exits. */
+ * `sandbox-probe-c once` reads PROBE_ARGS, prints the outcomes as one JSON line and exits; `serve`
+ * does the same and stays up (a service). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -72,6 +73,12 @@ static const char *try_ptrace(pid_t pid) {
     return "ok";
 }
 
+/* A pid argument: a number, or "parent" (the node that started this child). */
+static pid_t pid_of(const json_t *value) {
+    if (json_is_string(value) && !strcmp(json_string_value(value), "parent")) return getppid();
+    return (pid_t)json_integer_value(value);
+}
+
 static json_t *limit(int resource) {
     struct rlimit r;
     if (getrlimit(resource, &r) != 0) return json_null();
@@ -107,13 +114,32 @@ static json_t *probe(json_t *args) {
     json_object_set_new(out, "limits", limits);
     const char *tmpdir = getenv("TMPDIR");
     json_object_set_new(out, "tmpdir", json_string(tmpdir ? tmpdir : ""));
+    const char *own = json_string_value(json_object_get(args, "read_own_c"));
+    if (own) { /* a file of its own bundle, wherever the node runs it from */
+        char path[4096];
+        const char *dir = getenv("MESH_BUNDLE_DIR");
+        snprintf(path, sizeof path, "%s/%s", dir ? dir : ".", own);
+        json_object_set_new(out, "read_own", json_string(try_read(path)));
+    }
     json_t *pid = json_object_get(args, "ptrace");
-    if (json_is_integer(pid)) json_object_set_new(out, "ptrace", json_string(try_ptrace((pid_t)json_integer_value(pid))));
+    if (json_is_integer(pid) || json_is_string(pid)) json_object_set_new(out, "ptrace", json_string(try_ptrace(pid_of(pid))));
     pid = json_object_get(args, "signal");
-    if (json_is_integer(pid))
-        json_object_set_new(out, "signal",
-                            json_string(kill((pid_t)json_integer_value(pid), 0) == 0 ? "ok" : err_name(errno)));
+    if (json_is_integer(pid) || json_is_string(pid))
+        json_object_set_new(out, "signal", json_string(kill(pid_of(pid), 0) == 0 ? "ok" : err_name(errno)));
     return out;
+}
+
+/* `once` and `serve` under a node: the outcomes also into $MESH_DATA_DIR/report-$MESH_BUNDLE.json,
+ * where the test reads a step's or a service's (writing there is one of the outcomes). */
+static void report(const char *dumped) {
+    const char *data = getenv("MESH_DATA_DIR"), *bundle = getenv("MESH_BUNDLE");
+    if (!data || !bundle) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/report-%s.json", data, bundle);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%s\n", dumped);
+    fclose(f);
 }
 
 static void attempt(json_t *arguments, mesh_result *result, void *userdata) {
@@ -136,13 +162,16 @@ static const char SCHEMA[] =
     "{\"type\": \"object\", \"properties\": {\"arguments\": {\"type\": \"string\"}}, \"required\": [\"arguments\"]}";
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "once")) {
+    if (argc > 1 && (!strcmp(argv[1], "once") || !strcmp(argv[1], "serve"))) {
         const char *text = getenv("PROBE_ARGS");
         json_t *args = json_loads(text ? text : "{}", 0, NULL);
         if (!args) return 2;
         json_t *out = probe(args);
         char *dumped = json_dumps(out, JSON_COMPACT);
         printf("%s\n", dumped ? dumped : "{}");
+        fflush(stdout);
+        report(dumped ? dumped : "{}");
+        while (!strcmp(argv[1], "serve")) pause(); /* a service: up until it is stopped */
         return 0;
     }
     mesh_server *server = mesh_server_new("sandbox-probe-c", "0.1.0");

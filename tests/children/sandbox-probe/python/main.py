@@ -99,6 +99,22 @@ def _read_text(path: str) -> str:
         return _err(e)
 
 
+def _pid(value: object) -> int:
+    """A pid argument: a number, or "parent" (the node that started this child)."""
+    return os.getppid() if value == "parent" else int(value)  # type: ignore[call-overload]
+
+
+def report(text: str) -> None:
+    """`once` and `serve` under a node: the outcomes also into $MESH_DATA_DIR/report-$MESH_BUNDLE.json,
+    where the test reads a step's or a service's (writing there is one of the outcomes)."""
+    if "MESH_DATA_DIR" in os.environ and "MESH_BUNDLE" in os.environ:
+        try:
+            with open(os.path.join(os.environ["MESH_DATA_DIR"], f"report-{os.environ['MESH_BUNDLE']}.json"), "w") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            print(f"sandbox-probe: cannot write the report: {e}", file=sys.stderr)
+
+
 def probe(args: dict) -> dict:
     out: dict = {
         "read": {p: try_read(p) for p in args.get("read", [])},
@@ -115,10 +131,12 @@ def probe(args: dict) -> dict:
         "capabilities": _status("CapEff"),
         "uid_map": _read_text("/proc/self/uid_map"),
     }
+    if "read_own" in args:  # a file of its own bundle, wherever the node runs it from
+        out["read_own"] = try_read(os.path.join(os.environ.get("MESH_BUNDLE_DIR", "."), args["read_own"]))
     if "ptrace" in args:
-        out["ptrace"] = try_ptrace(int(args["ptrace"]))
+        out["ptrace"] = try_ptrace(_pid(args["ptrace"]))
     if "signal" in args:
-        out["signal"] = try_signal(int(args["signal"]))
+        out["signal"] = try_signal(_pid(args["signal"]))
     if "memory_mb" in args:
         out["memory"] = try_memory(int(args["memory_mb"]))
     return out
@@ -127,7 +145,9 @@ def probe(args: dict) -> dict:
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     if mode in ("once", "serve"):
-        print(json.dumps(probe(json.loads(os.environ.get("PROBE_ARGS", "{}")))), flush=True)
+        text = json.dumps(probe(json.loads(os.environ.get("PROBE_ARGS", "{}"))))
+        print(text, flush=True)
+        report(text)
         while mode == "serve":
             time.sleep(3600)
         return
