@@ -127,8 +127,8 @@ async def test_runtime_errors_are_tool_results_with_is_error(mesh: Mesh) -> None
         assert own.is_error and "mesh/error" not in (own.meta or {})
 
 
-async def test_a_clients_cancel_reaches_the_child_and_progress_reaches_the_client(mesh: Mesh, tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
+async def test_a_clients_cancel_reaches_the_child_and_progress_reaches_the_client(mesh: Mesh) -> None:
+    marker = mesh.root / "markers" / "cancel"
     async with Client(stdio_face(mesh.url), mode="legacy", cache=None) as c:
         seen: list[tuple[float, float | None, str | None]] = []
 

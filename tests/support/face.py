@@ -72,7 +72,8 @@ def start_mesh(root: Path, url: str) -> Mesh:
     the conformance fixture;
     node B: hello-go. Returns when every bundle is ready."""
     mods_a = _linked(root / "mods-a", ["hello-python", "hello-typescript"])
-    fixture_module(mods_a, "fixture", ["python", str(CONTRACT_SERVER)])
+    (root / "markers").mkdir()  # where the fixture writes the tests' markers (it is confined)
+    fixture_module(mods_a, "fixture", ["python", str(CONTRACT_SERVER)], write=[root / "markers"])
     (mods_a / "test").symlink_to(CONFORMANCE_FIXTURE)
     (mods_a / "json").symlink_to(CONFORMANCE_FIXTURE.parent / "json")
     ok_file = root / "frail-ok"

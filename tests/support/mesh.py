@@ -80,11 +80,20 @@ def make_module(
     timeout_ms: int = 5000,
     extra_bundle: str = "",
 ) -> Path:
-    """A module folder whose tools bundle is the raw test child, told how to behave by env."""
+    """A module folder whose tools bundle is the raw test child, told how to behave by env.
+
+    Every child is confined (docs/internals.md, "Confinement"): an absolute path in `env` is a
+    file the child writes for the test (its call log, a marker), so its folder is declared
+    writable, as a module's manifest would declare it."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(RAW_CHILD, folder / "raw_child.py")
     env_line = ", ".join(f'{k} = "{v}"' for k, v in (env or {}).items())
+    written = sorted({str(Path(v).parent) for v in (env or {}).values() if v.startswith("/")})
+    for where in written:
+        Path(where).mkdir(parents=True, exist_ok=True)
+    if written and "write =" not in extra_bundle:
+        extra_bundle = f"write = {json.dumps(written)}\n{extra_bundle}"
     text = (
         f'name = "{name}"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\n'
         f'source = "."\nentry = ["python", "raw_child.py"]\ntimeout_ms = {timeout_ms}\nenv = {{ {env_line} }}\n{extra_bundle}\n'
