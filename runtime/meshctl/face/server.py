@@ -107,6 +107,7 @@ class Face:
         page_size: int = PAGE_SIZE,
         call_timeout_s: float = CALL_TIMEOUT_S,
         person: Person | None = None,
+        state_keys: list[bytes] | None = None,
     ) -> None:
         self.nc, self.catalog = nc, catalog
         self.person = person  # who is behind every call of this face (stdio: the OS user who started it)
@@ -144,7 +145,11 @@ class Face:
         # MCP Tasks (face/tasks.py): a task-augmented tools/call and tasks/*, kept by the node, not here.
         self.server.middleware.append(Tasks(self))
         self.server.middleware.append(
-            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience=SERVER_NAME)
+            RequestStateBoundary(
+                # One key for every worker of the face, or the operator's key file (face/state_key.py).
+                RequestStateSecurity(keys=state_keys) if state_keys else RequestStateSecurity.ephemeral(),
+                default_audience=SERVER_NAME,
+            )
         )
         self.hot = HotPath(self)
 
