@@ -35,6 +35,7 @@ from runtime.meshctl.face.asking import Asking, legacy_handler
 from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
+from runtime.meshctl.face.task_extension import TASKS_EXTENSION, TaskExtension
 from runtime.meshctl.face.tasks import Tasks
 from runtime.wire.callproto import ProgressFrame
 from runtime.wire.identity import Person
@@ -144,6 +145,9 @@ class Face:
         self.asking = Asking(self)
         # MCP Tasks (face/tasks.py): a task-augmented tools/call and tasks/*, kept by the node, not here.
         self.server.middleware.append(Tasks(self))
+        # ... and the 2026-07-28 era's Tasks extension (face/task_extension.py), advertised in server/discover.
+        self.server.middleware.append(TaskExtension(self))
+        self.server.extensions[TASKS_EXTENSION] = {}
         self.server.middleware.append(
             RequestStateBoundary(
                 # One key for every worker of the face, or the operator's key file (face/state_key.py).

@@ -11,8 +11,9 @@ the caller's, then cancels it in the child.
 A middleware (the package has no Tasks handlers): it answers these methods itself and leaves
 everything else to the package. The 2025-11-25 era only: 2026-07-28 moved Tasks to an extension
 (`io.modelcontextprotocol/tasks`, SEP-2663) with another wire (a server-decided task, `tasks/update`,
-no `tasks/list`, the result inside `tasks/get`), which the face does not serve yet; such a session's
-requests go to the package as before (its legacy `params.task` is ignored, as that era says).
+no `tasks/list`, the result inside `tasks/get`), served by face/task_extension.py over the same
+detached calls; such a request passes this middleware by (its legacy `params.task` is ignored, as
+that era says).
 """
 
 from __future__ import annotations
