@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp.client import Client
 
 from runtime.bus.accounts import accounts_block
 from tests.faults.security_support import ConfiguredServer, node_config
-from tests.support.face import http_face, stdio_face
+from tests.support.face import http_face, meshctl_mcp, stdio_face
 from tests.support.mesh import NodeProcess, make_module
+from tests.unit.runtime.meshctl.test_face_hot import ENVELOPE, _modern_headers
 
 
 class Stack:
@@ -120,3 +122,61 @@ async def test_a_session_that_answers_asks_still_gets_the_tools_progress(stack: 
     assert result.is_error is False
     assert [(p, t) for p, t, _ in seen] == [(1, 3), (2, 3), (3, 3)]
     assert [m for _, _, m in seen] == ["step 1", "step 2", "step 3"]
+
+
+def _modern_call(rid: int, arguments: dict[str, Any], **more: Any) -> dict[str, Any]:
+    meta = {**ENVELOPE, "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}
+    params = {"name": "asks_confirm", "arguments": arguments, "_meta": meta, **more}
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+
+async def _ask_then_answer(asker: str, answerer: str, question: str) -> dict[str, Any]:
+    """A 2026-07-28 call sent to `asker`, its InputRequiredResult answered (accept, ok) to `answerer`, each on
+    a connection of its own; what the tool got back."""
+    close = {**_modern_headers("tools/call", "asks_confirm"), "Connection": "close"}
+    async with httpx2.AsyncClient(timeout=60) as http:
+        first = await http.post(asker, json=_modern_call(1, {"question": question}), headers=close)
+        asked = first.json()["result"]
+        assert asked["resultType"] == "input_required", first.text
+        [(key, request)] = asked["inputRequests"].items()
+        assert request["params"]["message"] == question, asked
+        answers = {key: {"action": "accept", "content": {"ok": True}}}
+        retry = _modern_call(2, {"question": question}, inputResponses=answers, requestState=asked["requestState"])
+        second = await http.post(answerer, json=retry, headers=close)
+    body = second.json()
+    assert "result" in body and not body["result"].get("isError"), second.text
+    seen: dict[str, Any] = json.loads(body["result"]["content"][0]["text"])
+    return seen
+
+
+async def test_an_answer_lands_on_any_worker_and_with_a_state_key_on_the_face_started_again(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Two workers share the port; each request on a new connection goes to either, so a retry sealed
+    # by one is opened by the other about half the time: every round must resume the call.
+    args = [*stack.face_args("alice"), "--workers", "2"]
+    with http_face(stack.server.url, tmp_path / "face-workers.log", *args) as endpoint:
+        for i in range(8):
+            seen = await _ask_then_answer(endpoint, endpoint, f"Round {i}?")
+            assert seen["result"] == {"action": "accept", "content": {"ok": True}}, seen
+    # The operator's key file: an answer outlives the face that asked (the ask waits on the bus).
+    key = tmp_path / "face.key"
+    args = [*stack.face_args("alice"), "--state-key", str(key)]
+    close = {**_modern_headers("tools/call", "asks_confirm"), "Connection": "close"}
+    with http_face(stack.server.url, tmp_path / "face-a.log", *args) as endpoint:
+        async with httpx2.AsyncClient(timeout=60) as http:
+            asked = (await http.post(endpoint, json=_modern_call(1, {"question": "Deploy?"}), headers=close)).json()
+    assert asked["result"]["resultType"] == "input_required", asked
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    answers = {k: {"action": "accept", "content": {"ok": False}} for k in asked["result"]["inputRequests"]}
+    retry = _modern_call(
+        2, {"question": "Deploy?"}, inputResponses=answers, requestState=asked["result"]["requestState"]
+    )
+    with http_face(stack.server.url, tmp_path / "face-b.log", *args) as endpoint:
+        async with httpx2.AsyncClient(timeout=60) as http:
+            body = (await http.post(endpoint, json=retry, headers=close)).json()
+    assert json.loads(body["result"]["content"][0]["text"])["result"] == {"action": "accept", "content": {"ok": False}}
+    # A key file others may read is refused before the face starts, saying how to fix it.
+    key.chmod(0o644)
+    refused = meshctl_mcp(stack.server.url, *stack.face_args("alice"), "--state-key", str(key), "--list")
+    assert refused.returncode != 0 and f"chmod 600 {key}" in refused.stderr, refused.stderr

@@ -100,6 +100,7 @@ TOOLS = [
         "name": "confirm",
         "description": "Ask the user to confirm (elicitation/create), then say what they answered",
         "inputSchema": {"type": "object", "properties": {"question": {"type": "string"}}},
+        "execution": {"taskSupport": "optional"},  # a 2026-07-28 client that declares Tasks gets a task
     },
     {
         "name": "typed",

@@ -65,6 +65,19 @@ def client_request(frame: AskFrame, can: set[str]) -> Any:
         ) from None
 
 
+def checked_answer(method: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """A client's answer to an ask, checked as the ask method's result; AskRefused when it is not one."""
+    found = _ASKS.get(method)
+    if found is None:
+        raise AskRefused(f"{method} is not an ask the face passes on", -32601)
+    try:
+        result = found[2].model_validate(answer)
+    except ValidationError as e:
+        raise AskRefused(f"not a {found[2].__name__}: {e.error_count()} problems", -32602) from None
+    checked: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return checked
+
+
 def legacy_handler(ctx: ServerRequestContext[Any, Any]) -> AskHandler | None:
     """The ask handler of a 2025-11-25 session whose client declared something to ask; else None."""
     can = declared(ctx)

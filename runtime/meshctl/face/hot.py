@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from runtime.client import CallError
 from runtime.meshctl.face.catalog import FaceTool
+from runtime.meshctl.face.task_extension import declares_tasks, task_capable
 from runtime.wire.identity import Person
 
 if TYPE_CHECKING:
@@ -192,6 +193,8 @@ class HotPath:
             return None  # the package's way says which tools there are, or that the bus is away
         if modern and self._names_param_headers(tool):
             return None  # Mcp-Param headers are checked against the schema by the package
+        if modern and meta is not msgspec.UNSET and task_capable(tool) and declares_tasks(bytes(meta)):
+            return None  # it may be a task (face/task_extension.py decides)
         return HotCall(request_id, tool, arguments, era.version, traceparent, tracestate)
 
     def _list(self, request_id: int | str, raw: msgspec.Raw, era: Era, modern: bool) -> HotList | None:

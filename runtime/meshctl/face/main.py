@@ -24,6 +24,7 @@ from runtime.meshctl.errors import MeshError
 from runtime.meshctl.face.auth import HttpSettings, load_http_settings
 from runtime.meshctl.face.catalog import Catalog, FaceError, FaceTool, load_selection
 from runtime.meshctl.face.server import Face
+from runtime.meshctl.face.state_key import state_keys
 from runtime.meshctl.face.transports import http_security, serve_http, serve_stdio
 from runtime.meshctl.face.workers import MAX_WORKERS, PARENT_ENV, die_with_parent
 from runtime.meshctl.settings import login
@@ -111,12 +112,14 @@ def run_mcp(args: argparse.Namespace) -> int:
     # delegate may pass one (the node refuses it from anyone else).
     person = os_person() if address is None and (found.delegate or args.delegate) else None
 
+    keys = state_keys(args.state_key, args.worker, args.workers)
+
     async def run() -> int:
         try:
             nc = await connect(cfg, CLIENT_NAME, quiet=True)
         except BusError as e:
             raise MeshError(str(e)) from None
-        face = Face(nc, Catalog(selection), page_size=args.page_size, person=person)
+        face = Face(nc, Catalog(selection), page_size=args.page_size, person=person, state_keys=keys)
         settle_collector()
         try:
             if args.list:

@@ -35,6 +35,7 @@ from runtime.meshctl.face.asking import Asking, legacy_handler
 from runtime.meshctl.face.auth import PERSON_KEY
 from runtime.meshctl.face.catalog import Catalog, FaceTool
 from runtime.meshctl.face.hot import HotPath
+from runtime.meshctl.face.task_extension import TASKS_EXTENSION, TaskExtension
 from runtime.meshctl.face.tasks import Tasks
 from runtime.wire.callproto import ProgressFrame
 from runtime.wire.identity import Person
@@ -107,6 +108,7 @@ class Face:
         page_size: int = PAGE_SIZE,
         call_timeout_s: float = CALL_TIMEOUT_S,
         person: Person | None = None,
+        state_keys: list[bytes] | None = None,
     ) -> None:
         self.nc, self.catalog = nc, catalog
         self.person = person  # who is behind every call of this face (stdio: the OS user who started it)
@@ -143,8 +145,15 @@ class Face:
         self.asking = Asking(self)
         # MCP Tasks (face/tasks.py): a task-augmented tools/call and tasks/*, kept by the node, not here.
         self.server.middleware.append(Tasks(self))
+        # ... and the 2026-07-28 era's Tasks extension (face/task_extension.py), advertised in server/discover.
+        self.server.middleware.append(TaskExtension(self))
+        self.server.extensions[TASKS_EXTENSION] = {}
         self.server.middleware.append(
-            RequestStateBoundary(RequestStateSecurity.ephemeral(), default_audience=SERVER_NAME)
+            RequestStateBoundary(
+                # One key for every worker of the face, or the operator's key file (face/state_key.py).
+                RequestStateSecurity(keys=state_keys) if state_keys else RequestStateSecurity.ephemeral(),
+                default_audience=SERVER_NAME,
+            )
         )
         self.hot = HotPath(self)
 

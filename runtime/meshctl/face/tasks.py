@@ -11,8 +11,9 @@ the caller's, then cancels it in the child.
 A middleware (the package has no Tasks handlers): it answers these methods itself and leaves
 everything else to the package. The 2025-11-25 era only: 2026-07-28 moved Tasks to an extension
 (`io.modelcontextprotocol/tasks`, SEP-2663) with another wire (a server-decided task, `tasks/update`,
-no `tasks/list`, the result inside `tasks/get`), which the face does not serve yet; such a session's
-requests go to the package as before (its legacy `params.task` is ignored, as that era says).
+no `tasks/list`, the result inside `tasks/get`), served by face/task_extension.py over the same
+detached calls; such a request passes this middleware by (its legacy `params.task` is ignored, as
+that era says).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ POLL_MS = 1000  # what a task tells its client to wait between tasks/get
 TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")
 
 
-def _iso(ms: int) -> str:
+def iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -45,8 +46,8 @@ def task_of(record: TaskRecord) -> dict[str, Any]:
     task: dict[str, Any] = {
         "taskId": record.task,
         "status": record.state,
-        "createdAt": _iso(record.created_ms),
-        "lastUpdatedAt": _iso(record.updated_ms),
+        "createdAt": iso(record.created_ms),
+        "lastUpdatedAt": iso(record.updated_ms),
         "ttl": record.ttl_ms,
         "pollInterval": POLL_MS,
     }
@@ -55,6 +56,15 @@ def task_of(record: TaskRecord) -> dict[str, Any]:
     elif record.state == "input_required" and record.ask is not None:
         task["statusMessage"] = f"the tool asks ({record.ask.method}); answer it with tasks/result"
     return task
+
+
+def refusal(method: str, task: object, e: CallError) -> MCPError:
+    """The JSON-RPC error of a task request the node refused (both eras')."""
+    if isinstance(e, NodeRefused) and e.code == 404:
+        return MCPError(code=INVALID_PARAMS, message=f"no task {str(task)[:64]!r} of yours")
+    if isinstance(e, NodeRefused) and e.code == 400:  # the node judged the request's fields: the client's to fix
+        return MCPError(code=INVALID_PARAMS, message=f"{method}: {e.message}"[:1000])
+    return MCPError(code=INTERNAL_ERROR, message=f"{method}: {e.code} {e.message}"[:1000])
 
 
 class Tasks:
@@ -89,16 +99,8 @@ class Tasks:
                 await self.face.client.task(task, person=person)  # the caller's own, or 404: nothing is cancelled
                 return task_of(await self.face.client.cancel(task, person=person))
             return await self._result(task, person)
-        except NodeRefused as e:
-            if e.code == 404:
-                raise MCPError(
-                    code=INVALID_PARAMS, message=f"no task {str(params.get('taskId'))[:64]!r} of yours"
-                ) from None
-            if e.code == 400:  # the node judged the request's fields: the client's to fix
-                raise MCPError(code=INVALID_PARAMS, message=f"{method}: {e.message}"[:1000]) from None
-            raise MCPError(code=INTERNAL_ERROR, message=f"{method}: {e.code} {e.message}"[:1000]) from None
         except CallError as e:
-            raise MCPError(code=INTERNAL_ERROR, message=f"{method}: {e.code} {e.message}"[:1000]) from None
+            raise refusal(method, params.get("taskId"), e) from None
 
     async def _start(self, ctx: ServerRequestContext[Any, Any], params: dict[str, Any]) -> HandlerResult:
         face = self.face
@@ -131,7 +133,7 @@ class Tasks:
             )
         related = {"io.modelcontextprotocol/related-task": {"taskId": task}}
         if record.state == "completed":
-            result = face.checked_result(_tool_of(face, record), await face.client.result_of(record))
+            result = face.checked_result(tool_of(face, record), await face.client.result_of(record))
             shaped = (
                 result if isinstance(result, dict) else result.model_dump(by_alias=True, mode="json", exclude_none=True)
             )
@@ -149,7 +151,7 @@ class _Unlisted:
         self.definition: dict[str, Any] = {}
 
 
-def _tool_of(face: Any, record: TaskRecord) -> Any:
+def tool_of(face: Any, record: TaskRecord) -> Any:
     for tool in face.catalog.tools:
         if tool.subject == record.subject:
             return tool

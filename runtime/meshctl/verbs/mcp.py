@@ -57,6 +57,12 @@ def add_parsers(verbs: argparse._SubParsersAction, bus: argparse.ArgumentParser)
         default=1,
         help="with --http: this many face processes on the port (SO_REUSEPORT); 2025-11-25 sessions stay on the first",
     )
+    mcp.add_argument(
+        "--state-key",
+        metavar="FILE",
+        help="the key sealing 2026-07-28 requestState (32 bytes hex, made 0600 if missing): a client's answer to a "
+        "tool's ask outlives a restart of the face (default: one key per start, shared by its workers)",
+    )
     mcp.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)  # set by the first worker for the others
     mcp.add_argument("--sessions-socket", help=argparse.SUPPRESS)
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

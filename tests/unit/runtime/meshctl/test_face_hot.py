@@ -26,6 +26,7 @@ from tests.support.mesh import NatsServer, client
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
 ENVELOPE = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientCapabilities": {},
@@ -40,6 +41,12 @@ TOOLS = {
         "outputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
     },
     "slow": {"name": "slow", "description": "never answers", "inputSchema": {"type": "object"}},
+    "tasked": {
+        "name": "tasked",
+        "description": "may be a task",
+        "inputSchema": {"type": "object"},
+        "execution": {"taskSupport": "optional"},
+    },
     "headed": {
         "name": "headed",
         "description": "names an Mcp-Param header",
@@ -160,6 +167,12 @@ async def test_what_the_hot_path_takes_and_what_goes_to_the_package(bus: tuple[C
     assert isinstance(hot, HotCall) and hot.id == 7 and hot.tool.subject == "mesh.tool.m.echo"
     assert hot.arguments == b'{"text": "hi"}' and hot.version == LEGACY  # the client's bytes, as sent
     assert isinstance(decide(_body(_call(8, "m_echo", meta=ENVELOPE)), modern), HotCall)
+    # A client that declares the Tasks extension: a tool that may be a task is the package's (face/task_extension.py).
+    tasks = {**ENVELOPE, "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}}}
+    tasked = Era(MODERN, headers={"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "m_tasked"})
+    assert decide(_body(_call(9, "m_tasked", meta=tasks)), tasked) is None
+    assert isinstance(decide(_body(_call(10, "m_tasked", meta=ENVELOPE)), tasked), HotCall)
+    assert isinstance(decide(_body(_call(11, "m_echo", meta=tasks)), modern), HotCall)
     listed = decide(b'{"jsonrpc":"2.0","id":"a","method":"tools/list"}', legacy)
     assert isinstance(listed, HotList) and listed.id == "a" and listed.cursor is None
     paged = decide(b'{"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"cursor":"m_echo"}}', legacy)
