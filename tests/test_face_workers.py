@@ -51,8 +51,8 @@ async def test_two_workers_share_the_port_and_sessions_stay_on_the_first(
                 await anyio.sleep(0.1)
         started = log.read_text()
         # Each worker saw the node's tools, read from the catalogue.
-        listed = f"({len(TOOLS)} tools)"  # every tool of the responder
-        assert f"(worker 0 of 2) {listed}" in started and f"(worker 1 of 2) {listed}" in started, started
+        shown = f"({len(TOOLS)} tools)"  # every tool of the responder
+        assert f"(worker 0 of 2) {shown}" in started and f"(worker 1 of 2) {shown}" in started, started
         url = f"http://127.0.0.1:{port}/mcp"
         close = {"Connection": "close"}  # a new connection per request: the kernel picks a worker each time
         async with httpx2.AsyncClient(timeout=30) as http:

@@ -205,7 +205,11 @@ def test_missing_lock_file_is_named(tmp_path: Path) -> None:
 async def test_progress_and_cancel_over_the_bus_through_a_node(sdk_copy: Path, node_factory, tmp_path: Path) -> None:
     """docs/bus.md end to end: bus progress from progress(), a bus cancel aborts extra.signal."""
     await check_progress_and_cancel_over_the_bus(
-        node_factory, tmp_path / "mods", ["node", str(sdk_copy / "fixtures" / "stdio-server.mjs")], tmp_path / "marker"
+        node_factory,
+        tmp_path / "mods",
+        ["node", str(sdk_copy / "fixtures" / "stdio-server.mjs")],
+        tmp_path / "marker",
+        read=[sdk_copy],  # the fixture imports the SDK's dist/ and node_modules/ beside it (the child is confined)
     )
 
 

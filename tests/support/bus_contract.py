@@ -19,32 +19,44 @@ from tests.support.mesh import NodeProcess, client, wait_state
 
 
 def fixture_module(
-    root: Path, name: str, entry: list[str], program: Path | None = None, write: list[Path] | None = None
+    root: Path,
+    name: str,
+    entry: list[str],
+    program: Path | None = None,
+    write: list[Path] | None = None,
+    read: list[Path] | None = None,
 ) -> Path:
     """A module folder serving an SDK's contract fixture as it is (already built: no build step,
     which is what language "python" means to a node serving from source). A compiled `program` is
     copied into the folder (an entry must be inside its bundle) and run as the entry.
 
     The child is confined: a script named by absolute path lives outside its bundle folder, so its
-    folder is declared readable; `write`: the folders the fixture writes for the test (a marker)."""
+    folder is declared readable, as is `read` (what the script imports from around it); `write`:
+    the folders the fixture writes for the test (a marker)."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     if program is not None:
         shutil.copy2(program, folder / program.name)
         entry = [program.name]
-    read = sorted({str(Path(a).parent) for a in entry[1:] if a.startswith("/") and Path(a).is_file()})
+    scripts = {str(Path(a).parent) for a in entry[1:] if a.startswith("/") and Path(a).is_file()}
+    readable = sorted(scripts | {str(r) for r in read or []})
     (folder / "module.toml").write_text(
         f'name = "{name}"\nversion = "0.1.0"\n\n[[bundle]]\nname = "tools"\nkind = "tools"\nlanguage = "python"\n'
         f'source = "."\nentry = {json.dumps(entry)}\ntimeout_ms = 20000\n'
-        f"read = {json.dumps(read)}\nwrite = {json.dumps(sorted(str(w) for w in write or []))}\n"
+        f"read = {json.dumps(readable)}\nwrite = {json.dumps(sorted(str(w) for w in write or []))}\n"
     )
     return root
 
 
 async def check_progress_and_cancel_over_the_bus(
-    node_factory: Callable[..., NodeProcess], root: Path, entry: list[str], marker: Path, program: Path | None = None
+    node_factory: Callable[..., NodeProcess],
+    root: Path,
+    entry: list[str],
+    marker: Path,
+    program: Path | None = None,
+    read: list[Path] | None = None,
 ) -> None:
-    node = node_factory(fixture_module(root, "fixture", entry, program, write=[marker.parent]))
+    node = node_factory(fixture_module(root, "fixture", entry, program, write=[marker.parent], read=read))
     nc = await client(node.bus_url())
     await wait_state(nc, node.name, "fixture/tools", "ready")
     caller = MeshClient(nc)
