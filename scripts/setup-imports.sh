@@ -20,9 +20,19 @@ while read -r spec; do
     && MESH_OFFLINE=1 "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null 2>&1; then
     echo "setup-imports: $spec is in the cache"
   else
-    echo "setup-imports: fetching $spec"
-    rm -rf "$work/$n" "$work/out-$n"
-    "${meshctl[@]}" module import "$spec" --out "$work/$n" >/dev/null
-    "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null  # fills what the build needs
+    # Twice at most: a registry answered ETARGET once for a version it served a minute later (CI,
+    # 2026-12-03); a second refusal is real and stops the setup with npm's or pip's own words.
+    for try in 1 2; do
+      again=""
+      [ "$try" = 2 ] && again=" (again)"
+      echo "setup-imports: fetching $spec$again"
+      rm -rf "$work/$n" "$work/out-$n"
+      if "${meshctl[@]}" module import "$spec" --out "$work/$n" >/dev/null \
+        && "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null; then  # fills what the build needs
+        break
+      fi
+      [ "$try" = 2 ] && exit 1
+      sleep 5
+    done
   fi
 done < tests/data/imports.txt
