@@ -392,8 +392,13 @@ async def test_a_local_seat_restarted_on_an_empty_state_folder_answers_503_namin
         assert expected in e["message"] and str(folder) in e["message"]
         assert any("meshctl seat restore memory --node a" in w for w in e["ways_out"]), e["ways_out"]
         assert any("meshctl seat adopt memory --node a" in w for w in e["ways_out"]), e["ways_out"]
-    seat = await seat_of(m, "a")
-    assert (seat.state, seat.store) == ("refused", expected) and expected in seat.reason
+
+    async def refused() -> SeatStatus | None:
+        seat = await seat_of(m, "a")
+        return seat if seat.state == "refused" else None
+
+    seat = await until(refused, "a's status saying the seat is refused", timeout=8, every=0.02)
+    assert seat.store == expected and expected in seat.reason
     assert not folder.exists() and child_of(script, "a")[-1].spec.env["MESH_NODE"] == "a"  # type: ignore[union-attr]
     assert len(child_of(script, "a")) == 1  # the first run's child only: no child, no store on the new disk
     assert (await m.status("a")).bundle("store/tools").state == "standby"  # type: ignore[union-attr]
@@ -401,7 +406,13 @@ async def test_a_local_seat_restarted_on_an_empty_state_folder_answers_503_namin
     await adopt(m.nc, "memory", "a")
     await answer(m, "mesh.seat.memory.get", None)
     new = json.loads((folder / ".mesh-store-memory.json").read_text())["store"]
-    assert new != expected and (await seat_of(m, "a")).store == new
+    assert new != expected
+    # The status names the new store a moment after the seat's subject answers (as for held, above).
+    await until(lambda: _store_is(m, "a", new), "a's status naming the adopted store", timeout=8, every=0.02)
+
+
+async def _store_is(m: Mesh, node: str, store_id: str) -> bool:
+    return (await seat_of(m, node)).store == store_id
 
 
 async def test_a_folder_holding_another_store_is_not_served(tmp_path: Path, m: Mesh, script: Script) -> None:
