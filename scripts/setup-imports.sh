@@ -20,19 +20,20 @@ while read -r spec; do
     && MESH_OFFLINE=1 "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null 2>&1; then
     echo "setup-imports: $spec is in the cache"
   else
-    # Twice at most: a registry answered ETARGET once for a version it served a minute later (CI,
-    # 2026-12-03); a second refusal is real and stops the setup with npm's or pip's own words.
-    for try in 1 2; do
+    # Three tries, 15 s then 45 s apart: the registry answered ETARGET in CI for versions it lists
+    # (@hono/node-server@2.1.11, ip-address@10.7.7 of 2026-11-28), twice in a row 5 s apart; a
+    # third refusal is real and stops the setup with npm's or pip's own words.
+    for try in 1 2 3; do
       again=""
-      [ "$try" = 2 ] && again=" (again)"
+      [ "$try" != 1 ] && again=" (try $try of 3)"
       echo "setup-imports: fetching $spec$again"
       rm -rf "$work/$n" "$work/out-$n"
       if "${meshctl[@]}" module import "$spec" --out "$work/$n" >/dev/null \
         && "${meshctl[@]}" bundle build "$work/$n" --out "$work/out-$n" >/dev/null; then  # fills what the build needs
         break
       fi
-      [ "$try" = 2 ] && exit 1
-      sleep 5
+      [ "$try" = 3 ] && exit 1
+      sleep $((try == 1 ? 15 : 45))
     done
   fi
 done < tests/data/imports.txt
